@@ -1,0 +1,41 @@
+"""verispec: speculative decoding that keeps the target's output distribution exactly.
+
+A cheap drafter proposes K *draft tokens*; the target scores them all in one forward pass; an
+acceptance rule keeps the *accepted tokens* and emits one more: a *recovered token* (drawn from the
+residual ``norm(max(0, target_probs - draft_probs))`` at the first rejection) or a *bonus token*
+(drawn from the target after full acceptance). *Output tokens* per step: accepted + 1, between 1
+and K + 1.
+
+Glossary: ``draft_probs`` / ``target_probs`` are the drafter's and the target's laws (never bare
+p/q). AR (acceptance rate) = accepted / drafted. AL (mean acceptance length) = 1 + accepted / steps.
+c = draft cost per token / target verification cost.
+
+References: Leviathan, Kalman, Matias (2023) "Fast Inference from Transformers via Speculative
+Decoding"; Chen et al. (2023) "Accelerating Large Language Model Decoding with Speculative
+Sampling"; Cai et al. (2024) "Medusa"; Holtzman et al. (2020) nucleus sampling.
+"""
+
+from verispec.config import SamplingParams, SpecConfig
+from verispec.errors import ConfigError, InputError, VerispecError
+from verispec.sampling import TokenHistory, make_generator, sample, to_probs
+from verispec.verify import Draft, GreedyRule, RejectionRule, TypicalRule, Verdict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "Draft",
+    "GreedyRule",
+    "InputError",
+    "RejectionRule",
+    "SamplingParams",
+    "SpecConfig",
+    "TokenHistory",
+    "TypicalRule",
+    "Verdict",
+    "VerispecError",
+    "__version__",
+    "make_generator",
+    "sample",
+    "to_probs",
+]

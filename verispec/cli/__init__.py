@@ -1,0 +1,66 @@
+"""The ``verispec`` command.
+
+One module per sub-command in this package; each exposes ``register(subparsers)`` which adds its
+parser and sets ``run`` (a function of the parsed arguments returning the exit status).
+
+Exit statuses: 0 success; 1 the command ran but its verdict is negative (a certification failed);
+2 bad input (one line on stderr, no traceback); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from verispec.errors import VerispecError
+
+# Sub-command modules, in the order `verispec --help` lists them.
+COMMAND_MODULES = ("analyze", "certify")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from verispec import __version__
+
+    parser = OneLineParser(
+        prog="verispec",
+        description="Speculative decoding that keeps the target model's output distribution exactly, "
+        "measured against its peers.",
+    )
+    parser.add_argument("--version", action="version", version=f"verispec {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=OneLineParser)
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"verispec.cli.{name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = getattr(args, "run", None)
+    if run is None:
+        parser.print_help()
+        return 2
+    try:
+        status: int = run(args)
+    except VerispecError as exc:
+        print(f"verispec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("verispec: interrupted", file=sys.stderr)
+        return 130
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Typed errors of verispec.
+
+Every error a user can cause is a :class:`VerispecError`; its message says what went wrong *and*
+what to do about it. Errors caused by bad values are also :class:`ValueError`, so generic callers
+that catch ``ValueError`` keep working. The CLI turns any of them into one line on stderr and exit
+status 2; the server turns them into a 4xx answer with an OpenAI-style error body.
+"""
+
+from __future__ import annotations
+
+
+class VerispecError(Exception):
+    """Base class of every error verispec raises on purpose."""
+
+
+class ConfigError(VerispecError, ValueError):
+    """An invalid setting or parameter (sampling parameters, draft length, rule options, ...)."""
+
+
+class InputError(VerispecError, ValueError):
+    """Invalid data handed to a library function: NaN logits, tensors whose shapes or vocabulary
+    sizes do not match, probability rows that do not sum to 1, token ids out of range."""

@@ -1,0 +1,66 @@
+"""Deliberately WRONG acceptance rules: the negative controls of certification.
+
+A certification that never fails proves nothing. Each class here is :class:`RejectionRule` with
+exactly one step broken, in a way seen in real implementations; :mod:`verispec.certify` must reject
+every one of them with the same test (same sample sizes, same significance level) that the real
+rules pass. Never use them to generate text. (The fourth classic bug, a drafter whose reported
+``draft_probs`` are not the law it sampled from, lives on the drafter side:
+:class:`verispec.models.toy.MisreportingToyDrafter`.)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from verispec.verify.rejection import RejectionRule
+
+
+class AlwaysAcceptRule(RejectionRule):
+    """Accepts every draft token: the output follows the DRAFT's law."""
+
+    lossless: ClassVar[bool] = False
+    name: ClassVar[str] = "broken-always-accept"
+
+    def _accept(self, u: Tensor, p_x: Tensor, q_x: Tensor) -> Tensor:
+        return torch.ones_like(u, dtype=torch.bool)
+
+
+class ResidualIsTargetRule(RejectionRule):
+    """Draws the recovered token from the target law instead of the residual max(0, p - q)."""
+
+    lossless: ClassVar[bool] = False
+    name: ClassVar[str] = "broken-residual-is-target"
+
+    def _recovered_law(self, p_n: Tensor, q_n: Tensor) -> Tensor:
+        return p_n
+
+
+class BonusFromDraftRule(RejectionRule):
+    """Draws the bonus token from the drafter's (last) law instead of the target's."""
+
+    lossless: ClassVar[bool] = False
+    name: ClassVar[str] = "broken-bonus-from-draft"
+
+    def _bonus_law(self, p_n: Tensor, last_draft_law: Tensor) -> Tensor:
+        return last_draft_law
+
+
+class OffByOneRule(RejectionRule):
+    """Judges draft token i against the target's law for position i + 1 (a shifted logits slice)."""
+
+    lossless: ClassVar[bool] = False
+    name: ClassVar[str] = "broken-off-by-one"
+
+    def _target_at_draft(self, target_probs: Tensor) -> Tensor:
+        return target_probs[:, 1:]
+
+
+BROKEN_RULES: tuple[type[RejectionRule], ...] = (
+    AlwaysAcceptRule,
+    ResidualIsTargetRule,
+    BonusFromDraftRule,
+    OffByOneRule,
+)
