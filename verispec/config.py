@@ -110,9 +110,7 @@ class SamplingParams:
     @property
     def uses_history(self) -> bool:
         """True when the law depends on the tokens seen so far (any penalty is on)."""
-        return (
-            self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-        )
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +132,8 @@ class SpecConfig:
         k = _integer("num_draft_tokens", self.num_draft_tokens)
         if k < 1:
             raise ConfigError(
-                f"num_draft_tokens (K) must be >= 1, got {k}; to turn speculation off, decode without a drafter"
+                f"num_draft_tokens (K) must be >= 1, got {k}; "
+                "to turn speculation off, decode without a drafter"
             )
         if self.rule not in RULE_NAMES:
             raise ConfigError(f"unknown acceptance rule {self.rule!r}; choose one of {', '.join(RULE_NAMES)}")

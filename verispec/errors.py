@@ -20,3 +20,15 @@ class ConfigError(VerispecError, ValueError):
 class InputError(VerispecError, ValueError):
     """Invalid data handed to a library function: NaN logits, tensors whose shapes or vocabulary
     sizes do not match, probability rows that do not sum to 1, token ids out of range."""
+
+
+class ModelLoadError(VerispecError):
+    """A model file (GGUF, safetensors, tokenizer) could not be read: missing, truncated, not the
+    format it claims, or missing metadata the runtime needs. The message names the file and the
+    fix (re-download or re-join the file, convert it with a current llama.cpp, ...)."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """A well-formed model file that uses something verispec does not implement: an architecture,
+    a quantisation type, a tokenizer model or pre-tokenizer. The message names what was found and
+    lists what is supported."""

@@ -34,7 +34,7 @@ row that takes the mode of its law and consumes no randomness (used for greedy r
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -127,7 +127,9 @@ class TokenHistory:
         device: torch.device | str = "cpu",
     ) -> TokenHistory:
         if len(prompts) != len(outputs):
-            raise InputError(f"got {len(prompts)} prompts but {len(outputs)} outputs; pass one of each per row")
+            raise InputError(
+                f"got {len(prompts)} prompts but {len(outputs)} outputs; pass one of each per row"
+            )
         counts = torch.zeros((len(prompts), vocab_size), dtype=torch.int32, device=device)
         mask = torch.zeros((len(prompts), vocab_size), dtype=torch.bool, device=device)
         for row, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
@@ -168,8 +170,24 @@ class TokenHistory:
         return TokenHistory(counts.reshape(batch * (k + 1), vocab), mask.reshape(batch * (k + 1), vocab))
 
 
-def _column(values: Sequence[float], like: Tensor) -> Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=like.device).unsqueeze(1)  # [N, 1]
+class _Rows:
+    """Per-row parameter columns. Python work is O(distinct params) + one pass over the rows, so
+    that a batch of many rows sharing one SamplingParams (certification, big batches) stays cheap."""
+
+    def __init__(self, params: Sequence[SamplingParams], like: Tensor) -> None:
+        self.params = params
+        self.distinct = list({id(p): p for p in params}.values())
+        self.like = like
+
+    def any(self, test: Callable[[SamplingParams], bool]) -> bool:
+        return any(test(p) for p in self.distinct)
+
+    def column(self, value: Callable[[SamplingParams], float], dtype: torch.dtype = torch.float32) -> Tensor:
+        """``[N, 1]`` tensor of ``value(params[row])``."""
+        n, device = len(self.params), self.like.device
+        if len(self.distinct) == 1:
+            return torch.full((n, 1), value(self.distinct[0]), dtype=dtype, device=device)
+        return torch.tensor([value(p) for p in self.params], dtype=dtype, device=device).unsqueeze(1)
 
 
 def _check_logits(logits: Tensor, params: Sequence[SamplingParams]) -> None:
@@ -191,7 +209,7 @@ def _check_logits(logits: Tensor, params: Sequence[SamplingParams]) -> None:
         )
 
 
-def _apply_penalties(x: Tensor, params: Sequence[SamplingParams], history: TokenHistory | None) -> Tensor:
+def _apply_penalties(x: Tensor, rows: _Rows, history: TokenHistory | None) -> Tensor:
     if history is None:
         raise ConfigError(
             "repetition/presence/frequency penalties need the token history; pass history=TokenHistory(...)"
@@ -201,16 +219,18 @@ def _apply_penalties(x: Tensor, params: Sequence[SamplingParams], history: Token
             f"history has shape {tuple(history.output_counts.shape)} but logits have {tuple(x.shape)}; "
             "build one history row per logits row"
         )
-    rep = _column([p.repetition_penalty for p in params], x)
+    rep = rows.column(lambda p: p.repetition_penalty)
     seen = history.prompt_mask | (history.output_counts > 0)
     x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
     counts = history.output_counts.to(torch.float32)
-    freq = _column([p.frequency_penalty for p in params], x)
-    pres = _column([p.presence_penalty for p in params], x)
+    freq = rows.column(lambda p: p.frequency_penalty)
+    pres = rows.column(lambda p: p.presence_penalty)
     return x - freq * counts - pres * (counts > 0).to(torch.float32)
 
 
-def _apply_logit_bias(x: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+def _apply_logit_bias(x: Tensor, params: Sequence[SamplingParams], table: _Rows) -> Tensor:
+    if not table.any(lambda p: bool(p.logit_bias)):
+        return x
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -227,42 +247,40 @@ def _apply_logit_bias(x: Tensor, params: Sequence[SamplingParams]) -> Tensor:
     index = (torch.tensor(rows, device=x.device), torch.tensor(cols, device=x.device))
     x = x.index_put(index, torch.tensor(vals, dtype=x.dtype, device=x.device), accumulate=True)
     if any(v == float("inf") for v in vals):
-        # +inf forces a token: the law becomes uniform over the forced tokens of that row.
-        forced = x == float("inf")
+        # +inf forces a token: the law becomes uniform over the forced tokens of that row. The
+        # forced set comes from the biases, not from x == inf: a -inf logit plus a +inf bias is NaN.
+        inf_bias = torch.tensor([v == float("inf") for v in vals], device=x.device)
+        forced = torch.zeros_like(x, dtype=torch.bool).index_put(index, inf_bias) | (x == float("inf"))
         x = torch.where(forced.any(dim=1, keepdim=True), torch.where(forced, 0.0, float("-inf")), x)
     return x
 
 
-def _top_k_top_p(x: Tensor, top_k: list[int], top_p: list[float]) -> Tensor:
-    """Steps 6-7 on temperature-scaled logits ``x`` [N, V]."""
+def _top_k_top_p(x: Tensor, rows: _Rows) -> Tensor:
+    """Steps 6-7 on temperature-scaled logits ``x`` [N, V] (greedy rows have neither)."""
     vocab = x.shape[1]
-    use_p = any(p < 1.0 for p in top_p)
-    if not use_p:
+    top_k = rows.column(lambda p: 0 if p.greedy else min(p.top_k, vocab), torch.long)  # [N, 1]
+    use_k = rows.any(lambda p: not p.greedy and p.top_k > 0)
+    if not rows.any(lambda p: not p.greedy and p.top_p < 1.0):
         # Top-k alone needs only the k-th largest value of each row.
-        kmax = min(max(top_k), vocab)
-        kth_index = torch.tensor([min(k, vocab) - 1 if k > 0 else 0 for k in top_k], device=x.device)
-        kth = torch.topk(x, kmax, dim=1).values.gather(1, kth_index.clamp_max(kmax - 1).unsqueeze(1))
-        active = torch.tensor([k > 0 for k in top_k], device=x.device).unsqueeze(1)
-        return x.masked_fill(active & (x < kth), float("-inf"))
+        kmax = max(min(p.top_k, vocab) for p in rows.distinct if not p.greedy)
+        kth = torch.topk(x, kmax, dim=1).values.gather(1, (top_k - 1).clamp(0, kmax - 1))
+        return x.masked_fill((top_k > 0) & (x < kth), float("-inf"))
     # stable=True: equal logits stay in id order, so top-p ties are broken by the lowest id.
     sorted_x, order = torch.sort(x, dim=1, descending=True, stable=True)  # [N, V]
-    if any(k > 0 for k in top_k):
-        kth_index = torch.tensor([min(k, vocab) - 1 if k > 0 else vocab - 1 for k in top_k], device=x.device)
-        kth = sorted_x.gather(1, kth_index.unsqueeze(1))
+    if use_k:
+        kth = sorted_x.gather(1, torch.where(top_k > 0, top_k - 1, vocab - 1))
         sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
     probs = torch.softmax(sorted_x, dim=1)
     mass_before = probs.cumsum(dim=1) - probs  # [N, V]: mass of the strictly more probable tokens
     # Rows with top_p == 1 never drop anything (avoid cumsum rounding cutting their tail).
-    threshold = torch.tensor([p if p < 1.0 else float("inf") for p in top_p], device=x.device).unsqueeze(1)
+    threshold = rows.column(lambda p: p.top_p if (p.top_p < 1.0 and not p.greedy) else float("inf"))
     drop = mass_before >= threshold
     drop[:, 0] = False  # the most probable token always stays
     sorted_x = sorted_x.masked_fill(drop, float("-inf"))
     return torch.empty_like(x).scatter_(1, order, sorted_x)
 
 
-def to_probs(
-    logits: Tensor, params: Sequence[SamplingParams], history: TokenHistory | None = None
-) -> Tensor:
+def to_probs(logits: Tensor, params: Sequence[SamplingParams], history: TokenHistory | None = None) -> Tensor:
     """Turn logits into next-token laws, one row per entry of ``params`` (see module docstring).
 
     ``logits`` ``[N, V]`` any float dtype; ``history`` rows align with ``logits`` rows and are
@@ -270,38 +288,44 @@ def to_probs(
     """
     _check_logits(logits, params)
     x = logits.to(torch.float32)  # [N, V]
-    if any(p.uses_history for p in params):
-        x = _apply_penalties(x, params, history)
-    x = _apply_logit_bias(x, params)
+    rows = _Rows(params, x)
+    if rows.any(lambda p: p.uses_history):
+        x = _apply_penalties(x, rows, history)
+    x = _apply_logit_bias(x, params, rows)
 
-    greedy = [p.greedy for p in params]
-    sampled = [not g for g in greedy]
-    if any(sampled):
-        temps = _column([1.0 if p.greedy else p.temperature for p in params], x)
-        x = x / temps
-        top_k = [0 if p.greedy else p.top_k for p in params]
-        top_p = [1.0 if p.greedy else p.top_p for p in params]
-        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-            x = _top_k_top_p(x, top_k, top_p)
-        min_p = [0.0 if p.greedy else p.min_p for p in params]
-        if any(m > 0 for m in min_p):
+    any_greedy = rows.any(lambda p: p.greedy)
+    if rows.any(lambda p: not p.greedy):
+        x = x / rows.column(lambda p: 1.0 if p.greedy else p.temperature)
+        if rows.any(lambda p: not p.greedy and (p.top_k > 0 or p.top_p < 1.0)):
+            x = _top_k_top_p(x, rows)
+        if rows.any(lambda p: not p.greedy and p.min_p > 0):
             probs = torch.softmax(x, dim=1)
-            floor = _column(min_p, x) * probs.max(dim=1, keepdim=True).values
-            x = x.masked_fill(probs < floor, float("-inf"))
+            min_p = rows.column(lambda p: 0.0 if p.greedy else p.min_p)
+            x = x.masked_fill(probs < min_p * probs.max(dim=1, keepdim=True).values, float("-inf"))
 
     # One host sync: a row whose every token is banned has no law; say so instead of returning NaN.
-    dead = x.max(dim=1).values == float("-inf")
-    if bool(dead.any()):
-        row = int(dead.nonzero()[0, 0])
+    # A row max of +inf or NaN means fp32 overflow (logits / a tiny temperature, or penalties and
+    # biases pushing a logit past 3.4e38): softmax would return NaN, so say that too.
+    row_max = x.max(dim=1).values
+    dead = row_max == float("-inf")
+    overflow = (row_max == float("inf")) | torch.isnan(row_max)
+    if bool((dead | overflow).any()):
+        if bool(dead.any()):
+            row = int(dead.nonzero()[0, 0])
+            raise InputError(
+                f"every token of row {row} has probability 0 (all logits are -inf after penalties and "
+                "logit_bias); remove the -inf biases or the banned tokens"
+            )
+        row = int(overflow.nonzero()[0, 0])
         raise InputError(
-            f"every token of row {row} has probability 0 (all logits are -inf after penalties and "
-            "logit_bias); remove the -inf biases or the banned tokens"
+            f"logits of row {row} overflow fp32 after penalties, logit_bias and temperature "
+            f"(temperature {params[row].temperature!r}); use temperature=0 for greedy decoding "
+            "instead of a vanishing temperature"
         )
     probs = torch.softmax(x, dim=1)
-    if any(greedy):
+    if any_greedy:
         mode = torch.nn.functional.one_hot(x.argmax(dim=1), x.shape[1]).to(torch.float32)
-        rows = torch.tensor(greedy, device=x.device).unsqueeze(1)
-        probs = torch.where(rows, mode, probs)
+        probs = torch.where(rows.column(lambda p: p.greedy, torch.bool), mode, probs)
     return probs
 
 

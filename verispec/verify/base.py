@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InputError
-from verispec.sampling import check_probs, generator_blocks
+from verispec.sampling import check_probs, exponentials, generator_blocks
 
 PAD_ID = -1
 
@@ -172,17 +172,38 @@ def uniforms(
     """Acceptance uniforms ``[B, K]`` float64 by the randomness protocol (see module docstring):
     row ``b`` gets ``counts[b]`` values; padding and greedy rows hold 1.0 (never used)."""
     out = torch.ones((len(counts), k), dtype=torch.float64, device=device)
+    used = torch.arange(k, device=device).unsqueeze(0) < torch.tensor(counts, device=device).unsqueeze(1)
     for start, end in generator_blocks(generators):
         gen = generators[start]
         total = sum(counts[start:end])
         if gen is None or total == 0:
             continue
         draw = torch.rand(total, dtype=torch.float64, generator=gen, device=gen.device).to(device)
-        offset = 0
-        for row in range(start, end):
-            out[row, : counts[row]] = draw[offset : offset + counts[row]]
-            offset += counts[row]
+        block = out[start:end]
+        block[used[start:end]] = draw  # boolean-mask assignment fills row by row, in row order
     return out
+
+
+def draws(
+    generators: Sequence[torch.Generator | None],
+    counts: Sequence[int],
+    k: int,
+    vocab: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor]:
+    """Acceptance uniforms ``[B, K]`` float64 and ``Exp(1)`` noise ``[B, V]`` fp32 by the randomness
+    protocol: each run of rows sharing a generator draws its uniforms, then its exponentials, before
+    the next run draws anything. (Drawing every run's uniforms first and then every run's
+    exponentials differs when one generator object heads two non-adjacent runs, e.g. ``[g, None, g]``.)
+    Rows whose generator is None get uniforms 1.0 and noise 1.0 (the race takes the mode)."""
+    u = torch.ones((len(counts), k), dtype=torch.float64, device=device)
+    noise = torch.ones((len(counts), vocab), dtype=torch.float32, device=device)
+    for start, end in generator_blocks(generators):
+        if generators[start] is None:
+            continue
+        u[start:end] = uniforms(generators[start:end], counts[start:end], k, device)
+        noise[start:end] = exponentials(generators[start:end], vocab, device)
+    return u, noise
 
 
 def greedy_rows(generators: Sequence[torch.Generator | None], device: torch.device) -> Tensor:
@@ -195,7 +216,9 @@ def assemble(token_ids: Tensor, num_accepted: Tensor, final: Tensor) -> Tensor:
     then ``PAD_ID``. ``token_ids`` ``[B, K]``, ``num_accepted`` and ``final`` ``[B]`` int64."""
     batch, k = token_ids.shape
     pos = torch.arange(k + 1, device=token_ids.device).unsqueeze(0)  # [1, K+1]
-    padded = torch.cat([token_ids, torch.full((batch, 1), PAD_ID, dtype=torch.long, device=token_ids.device)], 1)
+    padded = torch.cat(
+        [token_ids, torch.full((batch, 1), PAD_ID, dtype=torch.long, device=token_ids.device)], 1
+    )
     out = torch.where(pos < num_accepted.unsqueeze(1), padded, PAD_ID)
     return out.scatter(1, num_accepted.unsqueeze(1), final.unsqueeze(1))
 

@@ -34,7 +34,7 @@ class GreedyRule:
         self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]
     ) -> Verdict:
         check_inputs(draft, target_probs, generators, check_values=self.check_values)
-        batch, k = draft.token_ids.shape
+        k = draft.token_ids.shape[1]
         mode = target_probs.argmax(dim=2)  # [B, K + 1]
         valid = torch.arange(k, device=mode.device).unsqueeze(0) < draft.num_tokens.unsqueeze(1)
         accept = (draft.token_ids == mode[:, :k]) & valid  # [B, K]

@@ -27,8 +27,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from verispec.sampling import exponentials, race
-from verispec.verify.base import Draft, Verdict, assemble, check_inputs, gather_at, uniforms
+from verispec.sampling import race
+from verispec.verify.base import Draft, Verdict, assemble, check_inputs, draws, gather_at, greedy_rows
 
 
 class RejectionRule:
@@ -55,10 +55,9 @@ class RejectionRule:
         num = draft.num_tokens  # [B]
         # One host sync: each request draws exactly num_tokens[b] uniforms (randomness protocol).
         counts = num.tolist()
-        u = uniforms(generators, counts, k, device)  # [B, K] f64
-        noise = exponentials(generators, vocab, device)  # [B, V] f32
+        u, noise = draws(generators, counts, k, vocab, device)  # [B, K] f64, [B, V] f32
         any_greedy = any(g is None for g in generators)
-        greedy = torch.tensor([g is None for g in generators], device=device)  # [B]
+        greedy = greedy_rows(generators, device)  # [B] bool
 
         valid = torch.arange(k, device=device).unsqueeze(0) < num.unsqueeze(1)  # [B, K]
         target_at_draft = self._target_at_draft(target_probs)  # [B, K, V]

@@ -39,8 +39,8 @@ class TypicalRule:
     def __init__(self, epsilon: float = 0.09, delta: float = 0.3, *, check_values: bool = True) -> None:
         if not 0.0 < epsilon <= 1.0:
             raise ConfigError(f"typical acceptance epsilon must be in (0, 1], got {epsilon}")
-        if delta <= 0.0:
-            raise ConfigError(f"typical acceptance delta must be > 0, got {delta}")
+        if not 0.0 < delta < float("inf"):  # also rejects NaN, which compares False to everything
+            raise ConfigError(f"typical acceptance delta must be finite and > 0, got {delta}")
         self.epsilon = epsilon
         self.delta = delta
         self.check_values = check_values

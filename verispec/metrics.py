@@ -1,0 +1,118 @@
+"""Speculation statistics, as data (printing belongs to the CLI, server and benchmarks).
+
+Definitions follow vLLM's spec-decode metrics (``vllm/v1/spec_decode/metrics.py``) and Spec-Bench:
+
+- ``num_drafts``: verification steps that checked at least one draft token;
+- ``num_draft_tokens`` / ``num_accepted_tokens``: draft tokens proposed / accepted;
+- ``accepted_per_pos[i]``: steps whose first ``i + 1`` draft tokens were all accepted;
+- acceptance rate AR = accepted / drafted;
+- mean acceptance length AL = 1 + accepted / drafts: output tokens per step, the recovered or
+  bonus token included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class SpecStats:
+    """Counters of one request, or of many merged together."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    # accepted_histogram[n]: steps that accepted exactly n draft tokens.
+    accepted_histogram: list[int] = field(default_factory=list)
+
+    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """Record one verification step that drafted ``num_draft_tokens`` and accepted ``num_accepted``."""
+        if not 0 <= num_accepted <= num_draft_tokens:
+            raise ValueError(f"accepted {num_accepted} of {num_draft_tokens} draft tokens is impossible")
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        _grow(self.accepted_per_pos, num_draft_tokens)
+        for i in range(num_accepted):
+            self.accepted_per_pos[i] += 1
+        _grow(self.accepted_histogram, num_accepted + 1)
+        self.accepted_histogram[num_accepted] += 1
+
+    def observe_batch(self, num_draft_tokens: Sequence[int], num_accepted: Sequence[int]) -> None:
+        for drafted, accepted in zip(num_draft_tokens, num_accepted, strict=True):
+            self.observe(drafted, accepted)
+
+    def observe_tensors(self, num_draft_tokens: Tensor, num_accepted: Tensor) -> None:
+        """Record one step of a batch at once: ``[B]`` int64 each (one host sync)."""
+        drafted = num_draft_tokens > 0
+        k = int(num_draft_tokens.max()) if num_draft_tokens.numel() else 0
+        if k == 0:
+            return
+        accepted = num_accepted[drafted]
+        per_pos = (torch.arange(k, device=accepted.device).unsqueeze(0) < accepted.unsqueeze(1)).sum(0)
+        hist = torch.bincount(accepted, minlength=k + 1)
+        self.num_drafts += int(drafted.sum())
+        self.num_draft_tokens += int(num_draft_tokens.sum())
+        self.num_accepted_tokens += int(accepted.sum())
+        _grow(self.accepted_per_pos, k)
+        _grow(self.accepted_histogram, k + 1)
+        for i, v in enumerate(per_pos.tolist()):
+            self.accepted_per_pos[i] += v
+        for i, v in enumerate(hist.tolist()):
+            self.accepted_histogram[i] += v
+
+    def merge(self, other: SpecStats) -> SpecStats:
+        """A new SpecStats holding both sets of counts."""
+        out = SpecStats(
+            self.num_drafts + other.num_drafts,
+            self.num_draft_tokens + other.num_draft_tokens,
+            self.num_accepted_tokens + other.num_accepted_tokens,
+        )
+        for mine, theirs, target in (
+            (self.accepted_per_pos, other.accepted_per_pos, out.accepted_per_pos),
+            (self.accepted_histogram, other.accepted_histogram, out.accepted_histogram),
+        ):
+            _grow(target, max(len(mine), len(theirs)))
+            for i, v in enumerate(mine):
+                target[i] += v
+            for i, v in enumerate(theirs):
+                target[i] += v
+        return out
+
+    @property
+    def acceptance_rate(self) -> float:
+        """AR = accepted / drafted (0 when nothing was drafted)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """AL = 1 + accepted / drafts: output tokens per verification step, bonus counted."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """Fraction of draft steps whose first ``i + 1`` tokens were all accepted."""
+        return [n / self.num_drafts for n in self.accepted_per_pos] if self.num_drafts else []
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "accepted_histogram": list(self.accepted_histogram),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+        }
+
+
+def _grow(values: list[int], size: int) -> None:
+    if len(values) < size:
+        values.extend([0] * (size - len(values)))
