@@ -15,12 +15,32 @@ Decoding"; Chen et al. (2023) "Accelerating Large Language Model Decoding with S
 Sampling"; Cai et al. (2024) "Medusa"; Holtzman et al. (2020) nucleus sampling.
 """
 
-from verispec.config import SamplingParams, SpecConfig
-from verispec.errors import ConfigError, InputError, VerispecError
-from verispec.sampling import TokenHistory, make_generator, sample, to_probs
-from verispec.verify import Draft, GreedyRule, RejectionRule, TypicalRule, Verdict
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# Public names and the module that defines each. They load on first use (PEP 562), so that
+# `import verispec` and commands that need no tensors (`verispec analyze`) do not import torch.
+_EXPORTS = {
+    "SamplingParams": "verispec.config",
+    "SpecConfig": "verispec.config",
+    "ConfigError": "verispec.errors",
+    "InputError": "verispec.errors",
+    "VerispecError": "verispec.errors",
+    "TokenHistory": "verispec.sampling",
+    "make_generator": "verispec.sampling",
+    "sample": "verispec.sampling",
+    "to_probs": "verispec.sampling",
+    "Draft": "verispec.verify",
+    "GreedyRule": "verispec.verify",
+    "RejectionRule": "verispec.verify",
+    "TypicalRule": "verispec.verify",
+    "Verdict": "verispec.verify",
+    "SpecStats": "verispec.metrics",
+}
 
 __all__ = [
     "ConfigError",
@@ -30,6 +50,7 @@ __all__ = [
     "RejectionRule",
     "SamplingParams",
     "SpecConfig",
+    "SpecStats",
     "TokenHistory",
     "TypicalRule",
     "Verdict",
@@ -39,3 +60,23 @@ __all__ = [
     "sample",
     "to_probs",
 ]
+
+if TYPE_CHECKING:
+    from verispec.config import SamplingParams, SpecConfig
+    from verispec.errors import ConfigError, InputError, VerispecError
+    from verispec.metrics import SpecStats
+    from verispec.sampling import TokenHistory, make_generator, sample, to_probs
+    from verispec.verify import Draft, GreedyRule, RejectionRule, TypicalRule, Verdict
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'verispec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
