@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from verispec.config import SamplingParams
+from verispec.drafters.base import BatchView, Drafter
+from verispec.drafters.ngram import NgramDrafter
+from verispec.errors import ConfigError, InputError
+
+
+def naive_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The obvious definition: longest suffix (max_n..min_n) with an earlier occurrence; the most
+    recent earlier occurrence proposes what followed it."""
+    for n in range(max_n, min_n - 1, -1):
+        if len(tokens) < n + 1:
+            continue
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def test_proposes_what_followed_the_suffix() -> None:
+    d = NgramDrafter(min_n=2, max_n=3)
+    d.begin("r", [1, 2, 3, 4, 5, 9, 1, 2, 3])
+    assert d.lookup("r", 3) == [4, 5, 9]
+    assert d.lookup("r", 1) == [4]
+
+
+def test_prefers_longest_then_most_recent_match() -> None:
+    d = NgramDrafter(min_n=1, max_n=3)
+    d.begin("r", [7, 8, 1, 5, 8, 2, 6, 7, 8])
+    # suffix (6,7,8) never seen before, (7,8) seen at 0 -> continuation 1
+    assert d.lookup("r", 2) == [1, 5]
+    d2 = NgramDrafter(min_n=1, max_n=1)
+    d2.begin("r", [8, 1, 8, 2, 8])
+    assert d2.lookup("r", 1) == [2]  # most recent earlier occurrence of (8,)
+
+
+def test_no_match_gives_empty_draft_and_incremental_updates() -> None:
+    d = NgramDrafter(min_n=2, max_n=2)
+    d.begin("r", [1, 2, 3])
+    assert d.lookup("r", 4) == []
+    d.observe("r", [1, 2])
+    assert d.lookup("r", 4) == [3, 1, 2]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_equals_naive_definition_on_random_streams(seed: int) -> None:
+    rng = random.Random(seed)
+    min_n, max_n = rng.randint(1, 2), rng.randint(2, 5)
+    d = NgramDrafter(min_n=min_n, max_n=max_n)
+    tokens = [rng.randrange(5) for _ in range(rng.randint(0, 10))]
+    d.begin("r", tokens)
+    for _ in range(60):
+        k = rng.randint(1, 6)
+        assert d.lookup("r", k) == naive_lookup(tokens, k, min_n, max_n)
+        new = [rng.randrange(5) for _ in range(rng.randint(1, 3))]
+        tokens += new
+        d.observe("r", new)
+
+
+def test_propose_batch_is_ragged_point_mass() -> None:
+    d = NgramDrafter()
+    assert isinstance(d, Drafter)
+    d.begin("a", [1, 2, 3, 1, 2])
+    d.begin("b", [5, 6, 7])
+    view = BatchView(["a", "b"], [[1, 2, 3, 1, 2], [5, 6, 7]], [SamplingParams()] * 2, [None, None])
+    draft = d.propose(view, [4, 4])
+    assert draft.probs is None
+    assert draft.num_tokens.tolist() == [3, 0]
+    assert draft.token_ids.tolist() == [[3, 1, 2], [-1, -1, -1]]
+    d.end("a")
+    with pytest.raises(InputError, match="begin"):
+        d.lookup("a", 2)
+
+
+def test_long_context_lookup_stays_cheap() -> None:
+    d = NgramDrafter(min_n=2, max_n=4)
+    rng = random.Random(0)
+    d.begin("r", [rng.randrange(1000) for _ in range(200_000)])
+    d.lookup("r", 4)  # indexes the prompt once
+    index = d._index["r"]
+    before = index.indexed_end
+    d.observe("r", [1, 2])
+    d.lookup("r", 4)
+    assert index.indexed_end - before == 2  # only the new positions were indexed
+
+
+def test_bad_config() -> None:
+    with pytest.raises(ConfigError):
+        NgramDrafter(min_n=3, max_n=2)
+    with pytest.raises(ConfigError):
+        NgramDrafter(min_n=0)
+    d = NgramDrafter()
+    d.begin("r", [1])
+    with pytest.raises(InputError, match="unique"):
+        d.begin("r", [1])

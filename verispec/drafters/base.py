@@ -1,0 +1,52 @@
+"""The drafter protocol: how draft tokens are proposed, and what a drafter sees of the batch.
+
+Lifecycle per request (as in llama.cpp's ``common/speculative.h`` and transformers'
+``CandidateGenerator``): ``begin`` when the request joins, then each step ``propose`` for the whole
+running batch and ``observe`` with the tokens the rule committed, and ``end`` when it leaves. A
+drafter keeps its per-request state (KV caches, n-gram indices) keyed by request id; the engine never
+branches on the drafter's type, only on its declared capabilities (class attributes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from verispec.config import SamplingParams
+from verispec.verify.base import Draft
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """What a drafter may read of the running batch, one entry per row.
+
+    ``token_ids[b]`` is request b's committed sequence (prompt + output so far); ``params`` and
+    ``generators`` are its sampling parameters and generator (None for greedy requests).
+    """
+
+    request_ids: Sequence[str]
+    token_ids: Sequence[Sequence[int]]
+    params: Sequence[SamplingParams]
+    generators: Sequence[torch.Generator | None]
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes draft tokens. ``max_tokens[b]`` is the draft length the scheduler allows row b
+    (0 = draft nothing for it); the returned :class:`~verispec.verify.Draft` may propose fewer."""
+
+    name: ClassVar[str]
+    # Capabilities the engine reads instead of checking types.
+    needs_hidden_states: ClassVar[bool]
+    point_mass: ClassVar[bool]  # True: Draft.probs is None (no law reported)
+
+    def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None: ...
+    def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft: ...
+    def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None: ...
+    def end(self, request_id: str) -> None: ...
