@@ -1,0 +1,102 @@
+"""The shape of a decoder-only transformer of the Llama / Qwen2 family, as one frozen dataclass.
+
+:class:`ModelConfig` is what every loader produces (:mod:`verispec.models.gguf` from a GGUF file's
+``{arch}.*`` metadata; a Hugging Face ``config.json`` maps onto it one key for one key) and what the
+runtime (:mod:`verispec.models.transformer`) consumes. Field names follow Hugging Face's
+``LlamaConfig`` / ``Qwen2Config`` where one exists, so a reader who knows those knows these.
+
+Model family facts this dataclass encodes:
+
+- attention is grouped-query: ``num_heads`` query heads share ``num_kv_heads`` key/value heads, so
+  ``num_heads % num_kv_heads == 0``; each head has ``head_dim`` channels (usually
+  ``hidden_size // num_heads``, but not always, so it is stored, never recomputed);
+- rotary position embeddings (RoPE, Su et al. 2021) with base ``rope_theta``, applied in Hugging
+  Face's "rotate half" layout (see :mod:`verispec.models.gguf` for llama.cpp's interleaved layout);
+- RMSNorm with ``rms_norm_eps`` and a SwiGLU MLP of width ``intermediate_size``;
+- Qwen2 has biases on the q/k/v projections (``attention_bias``), Llama has none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verispec.errors import ConfigError
+
+#: Architectures the runtime implements, by the name GGUF's ``general.architecture`` uses.
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """Context-extension scaling of RoPE, as GGUF's ``{arch}.rope.scaling.*`` keys state it.
+
+    ``type`` is llama.cpp's name: ``"linear"``, ``"yarn"`` or ``"longrope"`` (Hugging Face calls
+    linear scaling ``"linear"`` too). ``extra`` keeps the other ``rope.scaling.*`` keys (YaRN's
+    ``attn_factor``, ``yarn_beta_fast``, ...) as sorted ``(key, value)`` pairs, untouched.
+    """
+
+    type: str
+    factor: float
+    original_max_position: int | None = None
+    extra: tuple[tuple[str, float | int | bool | str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Hyperparameters of one decoder-only transformer (Llama / Qwen2 family)."""
+
+    architecture: str  # GGUF's general.architecture: "llama" | "qwen2"
+    vocab_size: int  # rows of the embedding matrix (may exceed the tokenizer's real vocabulary)
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position: int  # context length the model was trained for
+    tie_word_embeddings: bool  # True: lm_head reuses model.embed_tokens.weight
+    attention_bias: bool  # q_proj / k_proj / v_proj carry a bias (Qwen2)
+    rope_scaling: RopeScaling | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    name: str = field(default="", compare=False)  # general.name, for messages only
+
+    def __post_init__(self) -> None:
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position",
+        ):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"ModelConfig.{key} must be a positive integer, got {value!r}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ConfigError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention"
+            )
+        if self.head_dim % 2 != 0:
+            raise ConfigError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.rope_theta > 0:
+            raise ConfigError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}")
+        if not self.rms_norm_eps > 0:
+            raise ConfigError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(self, key)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ConfigError(
+                    f"ModelConfig.{key} = {value} is outside the vocabulary [0, {self.vocab_size})"
+                )
+
+    @property
+    def num_kv_groups(self) -> int:
+        """Query heads per key/value head."""
+        return self.num_heads // self.num_kv_heads
