@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InputError
-from verispec.sampling import check_probs, exponentials, generator_blocks
+from verispec.sampling import check_probs, generator_blocks
 
 PAD_ID = -1
 
@@ -199,11 +199,14 @@ def draws(
     u = torch.ones((len(counts), k), dtype=torch.float64, device=device)
     noise = torch.ones((len(counts), vocab), dtype=torch.float32, device=device)
     for start, end in generator_blocks(generators):
-        if generators[start] is None:
+        gen = generators[start]
+        if gen is None:
             continue
         u[start:end] = uniforms(generators[start:end], counts[start:end], k, device)
-        noise[start:end] = exponentials(generators[start:end], vocab, device)
-    return u, noise
+        # The same draw as verispec.sampling.exponentials for this run, without its [rows, V] temporaries.
+        draw = torch.empty((end - start, vocab), dtype=torch.float32, device=gen.device)
+        noise[start:end] = draw.exponential_(generator=gen).to(device)
+    return u, noise.clamp_min_(torch.finfo(torch.float32).tiny)
 
 
 def greedy_rows(generators: Sequence[torch.Generator | None], device: torch.device) -> Tensor:
