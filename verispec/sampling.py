@@ -7,7 +7,8 @@ what makes "the speculative output has the target's distribution" a statement ab
 Order of operations (per row, the same everywhere):
 
 1. **Check** the logits: NaN or +inf raise :class:`~verispec.errors.InputError`; -inf is allowed
-   and means "this token is impossible".
+   and means "this token is impossible". (The check is made once, on the final logits, so that an
+   overflow introduced later, e.g. by a vanishing temperature, is caught too.)
 2. **Penalties** on the raw logits, from the token history (:class:`TokenHistory`):
    repetition penalty for tokens seen in the prompt or the output (positive logits divided,
    negative ones multiplied, as in Keskar et al. 2019 / HF / vLLM), then frequency penalty
@@ -25,10 +26,15 @@ Order of operations (per row, the same everywhere):
    largest probability of the law left by top-p.
 9. **Softmax** in fp32; removed tokens get probability exactly 0.
 
-Sampling draws from a law with the exponential race ``argmax(probs / E)``, ``E ~ Exp(1)`` i.i.d.
-(as in gpt-fast and vLLM): exact, no cumulative sums, no host synchronisation. Randomness comes
-only from explicit per-request :class:`torch.Generator` objects; a generator of ``None`` marks a
-row that takes the mode of its law and consumes no randomness (used for greedy requests).
+Sampling inverts the cumulative distribution: one float64 uniform ``u`` per row, the token is the
+first whose float64 cumulative mass exceeds ``u`` times the row's total (so laws need not be
+normalised: the residual of the rejection rule is used as is). One random number per token, no host
+synchronisation. (The exponential race ``argmax(probs / E)`` used on GPUs by gpt-fast and vLLM
+needs V random numbers per token, which costs several ms per row on a CPU.)
+
+Randomness comes only from explicit per-request :class:`torch.Generator` objects, by one protocol
+(:func:`uniform_draws`); a generator of ``None`` marks a row that takes the mode of its law and
+consumes no randomness (used for greedy requests).
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ from torch import Tensor
 from verispec.config import SamplingParams
 from verispec.errors import ConfigError, InputError
 
-# Smallest positive normal fp32: exponentials are clamped to it so that probs / E never divides by 0.
-_TINY = torch.finfo(torch.float32).tiny
+# Top-p candidates: tokens whose probability is at least this fraction of the row's largest; rows
+# whose candidates do not hold top_p of the mass try the next ratio, and finally sort everything.
+_NUCLEUS_RATIOS = (1e-4, 1e-7)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -71,33 +78,74 @@ def generator_blocks(generators: Sequence[torch.Generator | None]) -> list[tuple
     return blocks
 
 
-def exponentials(
-    generators: Sequence[torch.Generator | None], vocab_size: int, device: torch.device
-) -> Tensor:
-    """``E ~ Exp(1)`` of shape ``[N, V]`` fp32, one row per generator entry; rows whose generator is
-    None get ones (so that the race picks the mode) and consume nothing."""
-    out = torch.ones((len(generators), vocab_size), dtype=torch.float32, device=device)
+def uniform_draws(
+    generators: Sequence[torch.Generator | None],
+    counts: Sequence[int],
+    k: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor]:
+    """The randomness protocol of verispec: every random number any rule or sampler uses.
+
+    Rows are grouped into maximal runs sharing one generator object (:func:`generator_blocks`).
+    Each run, in order, makes ONE call ``torch.rand(sum(counts[run]) + len(run), float64)``: the
+    first ``sum(counts[run])`` values are the acceptance uniforms of its rows (``counts[b]`` for row
+    ``b``, row order), the last ``len(run)`` values are the uniforms that pick each row's final
+    (sampled, recovered or bonus) token. Runs whose generator is None draw nothing.
+
+    Returns ``accept`` ``[B, K]`` float64 (1.0 where unused) and ``final`` ``[B]`` float64
+    (0.0 for rows without a generator).
+    """
+    batch = len(generators)
+    accept = torch.ones((batch, k), dtype=torch.float64, device=device)
+    final = torch.zeros(batch, dtype=torch.float64, device=device)
+    used = None
+    if k > 0:
+        used = torch.arange(k, device=device).unsqueeze(0) < torch.tensor(counts, device=device).unsqueeze(1)
     for start, end in generator_blocks(generators):
         gen = generators[start]
         if gen is None:
             continue
-        draw = torch.empty((end - start, vocab_size), dtype=torch.float32, device=gen.device)
-        draw.exponential_(generator=gen)
-        out[start:end] = draw.to(device)
-    return out.clamp_min_(_TINY)
+        n_accept = sum(counts[start:end])
+        draw = torch.rand(n_accept + end - start, dtype=torch.float64, generator=gen, device=gen.device)
+        draw = draw.to(device)
+        if n_accept and used is not None:
+            block = accept[start:end]
+            block[used[start:end]] = draw[:n_accept]  # boolean-mask assignment fills in row order
+        final[start:end] = draw[n_accept:]
+    return accept, final
 
 
-def race(probs: Tensor, exp_noise: Tensor) -> Tensor:
-    """The exponential race: ``argmax(probs / E)`` is distributed as ``probs`` (unnormalised is
-    fine: scaling a row does not change its argmax). ``probs`` ``[N, V]``; returns ``[N]`` int64."""
-    return (probs / exp_noise).argmax(dim=-1)
+def inverse_cdf(law: Tensor, u: Tensor) -> Tensor:
+    """Sample each row of ``law`` (``[N, V]``, non-negative, need not sum to 1) with its uniform
+    ``u`` (``[N]`` float64 in [0, 1)): the first token whose cumulative mass exceeds ``u * total``.
+    Tokens of mass 0 are never returned (the cumulative mass does not grow across them)."""
+    cdf = law.to(torch.float64).cumsum(dim=1)  # [N, V]
+    target = (u * cdf[:, -1]).unsqueeze(1)  # [N, 1]
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_max(law.shape[1] - 1)
+
+
+def pick(law: Tensor, u: Tensor, greedy: Tensor | None) -> Tensor:
+    """``[N]`` int64: :func:`inverse_cdf` per row, or the mode (lowest id on ties) where ``greedy``
+    (``[N]`` bool, or None when no row is greedy)."""
+    token = inverse_cdf(law, u)
+    if greedy is not None:
+        token = torch.where(greedy, law.argmax(dim=1), token)
+    return token
+
+
+def greedy_mask(generators: Sequence[torch.Generator | None], device: torch.device) -> Tensor | None:
+    """``[N]`` bool marking rows without a generator, or None when every row has one."""
+    if all(g is not None for g in generators):
+        return None
+    return torch.tensor([g is None for g in generators], dtype=torch.bool, device=device)
 
 
 def sample(probs: Tensor, generators: Sequence[torch.Generator | None]) -> Tensor:
     """Draw one token per row of ``probs`` (``[N, V]`` fp32) with the row's generator.
 
-    Returns ``[N]`` int64. A row whose generator is None returns the mode of its law (lowest id on
-    ties) and consumes no randomness: pass None exactly for greedy rows.
+    Returns ``[N]`` int64. Each row with a generator consumes one uniform (:func:`uniform_draws`
+    with no acceptance uniforms); a row whose generator is None returns the mode of its law (lowest
+    id on ties) and consumes nothing: pass None exactly for greedy rows.
     """
     if probs.dim() != 2:
         raise InputError(f"sample() expects probs of shape [N, V], got {tuple(probs.shape)}")
@@ -105,7 +153,8 @@ def sample(probs: Tensor, generators: Sequence[torch.Generator | None]) -> Tenso
         raise InputError(
             f"sample() got {len(generators)} generators for {probs.shape[0]} rows; pass one per row"
         )
-    return race(probs, exponentials(generators, probs.shape[1], probs.device))
+    _, u = uniform_draws(generators, [0] * len(generators), 0, probs.device)
+    return pick(probs, u, greedy_mask(generators, probs.device))
 
 
 @dataclass(frozen=True)
@@ -199,14 +248,28 @@ def _check_logits(logits: Tensor, params: Sequence[SamplingParams]) -> None:
         )
     if not logits.is_floating_point():
         raise InputError(f"logits must be floating point, got {logits.dtype}")
-    # One host sync per call: a NaN or +inf logit would silently poison every law built from it.
-    bad = torch.isnan(logits) | (logits == float("inf"))
-    if bool(bad.any()):
-        row = int(bad.any(dim=1).nonzero()[0, 0])
+
+
+def _raise_bad_row(logits: Tensor, row_max: Tensor, params: Sequence[SamplingParams]) -> None:
+    """Explain the first row whose final logits have no law (rare path: costs what it needs)."""
+    bad = ~torch.isfinite(row_max)
+    row = int(bad.nonzero()[0, 0])
+    raw = logits[row]
+    if bool(torch.isnan(raw).any() | (raw == float("inf")).any()):
         raise InputError(
             f"logits row {row} contains NaN or +inf; check the model's numerics "
             "(fp16 overflow is the usual cause: run it in fp32 or bf16)"
         )
+    if float(row_max[row]) == float("-inf"):
+        raise InputError(
+            f"every token of row {row} has probability 0 (all logits are -inf after penalties and "
+            "logit_bias); remove the -inf biases or the banned tokens"
+        )
+    raise InputError(
+        f"logits of row {row} overflow fp32 after penalties, logit_bias and temperature "
+        f"(temperature {params[row].temperature!r}); use temperature=0 for greedy decoding "
+        "instead of a vanishing temperature"
+    )
 
 
 def _apply_penalties(x: Tensor, rows: _Rows, history: TokenHistory | None) -> Tensor:
@@ -255,29 +318,67 @@ def _apply_logit_bias(x: Tensor, params: Sequence[SamplingParams], table: _Rows)
     return x
 
 
-def _top_k_top_p(x: Tensor, rows: _Rows) -> Tensor:
-    """Steps 6-7 on temperature-scaled logits ``x`` [N, V] (greedy rows have neither)."""
+def _top_k(x: Tensor, rows: _Rows) -> Tensor:
+    """Step 6: keep the tokens whose logit is >= the row's k-th largest (ties kept)."""
     vocab = x.shape[1]
     top_k = rows.column(lambda p: 0 if p.greedy else min(p.top_k, vocab), torch.long)  # [N, 1]
-    use_k = rows.any(lambda p: not p.greedy and p.top_k > 0)
-    if not rows.any(lambda p: not p.greedy and p.top_p < 1.0):
-        # Top-k alone needs only the k-th largest value of each row.
-        kmax = max(min(p.top_k, vocab) for p in rows.distinct if not p.greedy)
-        kth = torch.topk(x, kmax, dim=1).values.gather(1, (top_k - 1).clamp(0, kmax - 1))
-        return x.masked_fill((top_k > 0) & (x < kth), float("-inf"))
-    # stable=True: equal logits stay in id order, so top-p ties are broken by the lowest id.
-    sorted_x, order = torch.sort(x, dim=1, descending=True, stable=True)  # [N, V]
-    if use_k:
-        kth = sorted_x.gather(1, torch.where(top_k > 0, top_k - 1, vocab - 1))
-        sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
-    probs = torch.softmax(sorted_x, dim=1)
-    mass_before = probs.cumsum(dim=1) - probs  # [N, V]: mass of the strictly more probable tokens
-    # Rows with top_p == 1 never drop anything (avoid cumsum rounding cutting their tail).
-    threshold = rows.column(lambda p: p.top_p if (p.top_p < 1.0 and not p.greedy) else float("inf"))
-    drop = mass_before >= threshold
-    drop[:, 0] = False  # the most probable token always stays
-    sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-    return torch.empty_like(x).scatter_(1, order, sorted_x)
+    kmax = max(min(p.top_k, vocab) for p in rows.distinct if not p.greedy)
+    kth = torch.topk(x, kmax, dim=1).values.gather(1, (top_k - 1).clamp(0, kmax - 1))
+    return x.masked_fill((top_k > 0) & (x < kth), float("-inf"))
+
+
+def _top_p(x: Tensor, rows: _Rows) -> Tensor:
+    """Step 7: keep the smallest set of most probable tokens whose mass reaches top_p.
+
+    Order: probability descending, lowest id first among equal probabilities; a token is kept when
+    the float64 mass of the tokens before it is below top_p (so the most probable always stays).
+    Only candidates are sorted: tokens within a ratio of the row's most probable, when they hold
+    at least top_p of the mass (then the kept set lies among them); otherwise the whole row.
+    """
+    active = [i for i, p in enumerate(rows.params) if not p.greedy and p.top_p < 1.0]
+    every_row = len(active) == x.shape[0]
+    index = torch.tensor(active, device=x.device)
+    sub = x if every_row else x[index]  # [A, V]
+    probs = torch.softmax(sub, dim=1)
+    top_p = torch.tensor([rows.params[i].top_p for i in active], dtype=torch.float64, device=x.device)  # [A]
+    # Candidates: the first ratio whose candidates hold top_p of the row's mass, else every token.
+    row_max = probs.amax(dim=1, keepdim=True)
+    cand: Tensor | None = None
+    settled = torch.zeros(len(active), dtype=torch.bool, device=x.device)
+    for ratio in _NUCLEUS_RATIOS:
+        mask = probs >= row_max * ratio
+        # fp32 mass with a margin far above its rounding error: "enough" must never be wrong.
+        enough = torch.where(mask, probs, 0.0).sum(dim=1) >= top_p + 1e-4
+        take = enough & ~settled
+        cand = mask if cand is None else torch.where(take.unsqueeze(1), mask, cand)
+        settled |= enough
+        if bool(settled.all()):  # one host sync per ratio tried
+            break
+    assert cand is not None
+    if not bool(settled.all()):
+        cand = cand | ~settled.unsqueeze(1)  # unsettled rows: every token is a candidate
+    # Pack each row's candidates (in id order) to the left of a [A, C] matrix, then sort each row.
+    r, c = cand.nonzero(as_tuple=True)  # ordered by row, then id
+    counts = torch.bincount(r, minlength=len(active))
+    slot = torch.arange(r.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[r]
+    width = int(counts.max())  # host sync: the packed width
+    vals = torch.full((len(active), width), -1.0, device=x.device)  # -1 < any probability: sorts last
+    ids = torch.zeros((len(active), width), dtype=torch.long, device=x.device)
+    vals[r, slot] = probs[r, c]
+    ids[r, slot] = c
+    vals, order = torch.sort(vals, dim=1, descending=True, stable=True)  # equal probabilities keep id order
+    ids = ids.gather(1, order)
+    v64 = vals.to(torch.float64)
+    kept = (v64.cumsum(dim=1) - v64 < top_p.unsqueeze(1)) & (vals >= 0)  # mass before each token < top_p
+    keep = torch.zeros_like(cand)
+    rows_of = torch.arange(len(active), device=x.device).unsqueeze(1).expand_as(ids)
+    keep[rows_of[kept], ids[kept]] = True
+    nucleus = torch.where(keep, sub, float("-inf"))
+    if every_row:
+        return nucleus
+    x = x.clone()
+    x[index] = nucleus
+    return x
 
 
 def to_probs(logits: Tensor, params: Sequence[SamplingParams], history: TokenHistory | None = None) -> Tensor:
@@ -295,33 +396,22 @@ def to_probs(logits: Tensor, params: Sequence[SamplingParams], history: TokenHis
 
     any_greedy = rows.any(lambda p: p.greedy)
     if rows.any(lambda p: not p.greedy):
-        x = x / rows.column(lambda p: 1.0 if p.greedy else p.temperature)
-        if rows.any(lambda p: not p.greedy and (p.top_k > 0 or p.top_p < 1.0)):
-            x = _top_k_top_p(x, rows)
+        if rows.any(lambda p: not p.greedy and p.temperature != 1.0):
+            x = x / rows.column(lambda p: 1.0 if p.greedy else p.temperature)
+        if rows.any(lambda p: not p.greedy and p.top_k > 0):
+            x = _top_k(x, rows)
+        if rows.any(lambda p: not p.greedy and p.top_p < 1.0):
+            x = _top_p(x, rows)
         if rows.any(lambda p: not p.greedy and p.min_p > 0):
             probs = torch.softmax(x, dim=1)
             min_p = rows.column(lambda p: 0.0 if p.greedy else p.min_p)
             x = x.masked_fill(probs < min_p * probs.max(dim=1, keepdim=True).values, float("-inf"))
 
-    # One host sync: a row whose every token is banned has no law; say so instead of returning NaN.
-    # A row max of +inf or NaN means fp32 overflow (logits / a tiny temperature, or penalties and
-    # biases pushing a logit past 3.4e38): softmax would return NaN, so say that too.
-    row_max = x.max(dim=1).values
-    dead = row_max == float("-inf")
-    overflow = (row_max == float("inf")) | torch.isnan(row_max)
-    if bool((dead | overflow).any()):
-        if bool(dead.any()):
-            row = int(dead.nonzero()[0, 0])
-            raise InputError(
-                f"every token of row {row} has probability 0 (all logits are -inf after penalties and "
-                "logit_bias); remove the -inf biases or the banned tokens"
-            )
-        row = int(overflow.nonzero()[0, 0])
-        raise InputError(
-            f"logits of row {row} overflow fp32 after penalties, logit_bias and temperature "
-            f"(temperature {params[row].temperature!r}); use temperature=0 for greedy decoding "
-            "instead of a vanishing temperature"
-        )
+    # One host sync: a row whose largest final logit is not finite has no law. NaN or +inf from
+    # the model, fp32 overflow (logits / a vanishing temperature), or every token banned (-inf).
+    row_max = x.amax(dim=1)  # [N]; amax propagates NaN
+    if not bool(torch.isfinite(row_max).all()):
+        _raise_bad_row(logits, row_max, params)
     probs = torch.softmax(x, dim=1)
     if any_greedy:
         mode = torch.nn.functional.one_hot(x.argmax(dim=1), x.shape[1]).to(torch.float32)
@@ -329,17 +419,19 @@ def to_probs(logits: Tensor, params: Sequence[SamplingParams], history: TokenHis
     return probs
 
 
-def check_probs(probs: Tensor, name: str, atol: float = 1e-3) -> None:
-    """Raise :class:`InputError` unless every row of ``probs`` (``[..., V]``) is a law:
-    finite, non-negative, summing to 1 within ``atol``. One host sync."""
-    finite = torch.isfinite(probs).all(dim=-1)
-    nonneg = (probs >= 0).all(dim=-1)
-    sums = probs.sum(dim=-1, dtype=torch.float64)
-    normed = (sums - 1.0).abs() <= atol
-    ok = finite & nonneg & normed
-    if not bool(ok.all()):
-        where = tuple(int(i) for i in (~ok).nonzero()[0])
+def check_probs(probs: Tensor, name: str, used: Tensor | None = None, atol: float = 1e-3) -> None:
+    """Raise :class:`InputError` unless every row of ``probs`` (``[..., V]``) is a law: finite,
+    non-negative, summing to 1 within ``atol``. ``used`` (``[...]`` bool) limits the check to
+    some rows. Two passes over the data and one host sync."""
+    sums = probs.sum(dim=-1)  # NaN or inf anywhere makes the sum non-finite
+    mins = probs.amin(dim=-1)
+    bad = ~(((sums - 1.0).abs() <= atol) & (mins >= 0))
+    if used is not None:
+        bad &= used
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
         raise InputError(
             f"{name}{list(where)} is not a probability distribution (sum {float(sums[where]):.6g}, "
-            "entries must be finite and >= 0 and sum to 1); build it with verispec.sampling.to_probs"
+            f"min {float(mins[where]):.6g}; entries must be finite and >= 0 and sum to 1); "
+            "build it with verispec.sampling.to_probs"
         )

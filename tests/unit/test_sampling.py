@@ -18,12 +18,12 @@ from verispec.config import SamplingParams, SpecConfig
 from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.sampling import (
     TokenHistory,
-    exponentials,
     generator_blocks,
+    inverse_cdf,
     make_generator,
-    race,
     sample,
     to_probs,
+    uniform_draws,
 )
 
 INF = float("inf")
@@ -561,24 +561,38 @@ def test_sample_rows_sharing_a_generator_draw_as_one_block():
     g, h = make_generator(11), make_generator(12)
     g_copy, h_copy = clone(g), clone(h)
     got = sample(probs, [g, g, g, h, g])
-    # blocks: rows 0-2 (g), row 3 (h), row 4 (g): exactly these draws, in this order
+    # blocks: rows 0-2 (g), row 3 (h), row 4 (g): one call per block, one uniform per row, in order
     assert generator_blocks([g, g, g, h, g]) == [(0, 3), (3, 4), (4, 5)]
-    first = torch.empty((3, vocab)).exponential_(generator=g_copy)
-    middle = torch.empty((1, vocab)).exponential_(generator=h_copy)
-    last = torch.empty((1, vocab)).exponential_(generator=g_copy)
-    noise = torch.cat([first, middle, last]).clamp_min(torch.finfo(torch.float32).tiny)
-    assert torch.equal(got, race(probs, noise))
-    # the three rows of the first block got different noise, not three copies of one draw
+    first = torch.rand(3, dtype=torch.float64, generator=g_copy)
+    middle = torch.rand(1, dtype=torch.float64, generator=h_copy)
+    last = torch.rand(1, dtype=torch.float64, generator=g_copy)
+    u = torch.cat([first, middle, last]).numpy()
+    cdf = np.cumsum(probs[0].numpy().astype(np.float64))
+    expected = [int(np.searchsorted(cdf, x * cdf[-1], side="right")) for x in u]
+    assert got.tolist() == expected
+    # the three rows of the first block got different uniforms, not three copies of one draw
     assert len(set(got[:3].tolist())) == 3
     assert torch.equal(g.get_state(), g_copy.get_state())
 
 
-def test_exponentials_rows_with_none_are_ones():
-    g = make_generator(0)
-    e = exponentials([None, g, None], 7, torch.device("cpu"))
-    assert e.dtype == torch.float32 and e.shape == (3, 7)
-    assert bool((e[0] == 1).all()) and bool((e[2] == 1).all())
-    assert bool((e[1] > 0).all())
+def test_uniform_draws_protocol():
+    g, h = make_generator(0), make_generator(1)
+    g_copy, h_copy = clone(g), clone(h)
+    accept, final = uniform_draws([g, g, None, h], [2, 0, 3, 1], 3, torch.device("cpu"))
+    assert accept.dtype == torch.float64 and accept.shape == (4, 3) and final.shape == (4,)
+    run_g = torch.rand(2 + 2, dtype=torch.float64, generator=g_copy)  # 2 acceptance + 2 final
+    run_h = torch.rand(1 + 1, dtype=torch.float64, generator=h_copy)
+    assert accept[0, :2].tolist() == run_g[:2].tolist() and accept[0, 2] == 1.0
+    assert bool((accept[1] == 1.0).all()) and bool((accept[2] == 1.0).all())  # no draft / no generator
+    assert final[:2].tolist() == run_g[2:].tolist() and final[2] == 0.0
+    assert accept[3, 0] == run_h[0] and final[3] == run_h[1]
+    assert torch.equal(g.get_state(), g_copy.get_state()) and torch.equal(h.get_state(), h_copy.get_state())
+
+
+def test_inverse_cdf_edges():
+    law = torch.tensor([[0.0, 2.0, 0.0, 2.0]])  # unnormalised; zero-mass tokens are never picked
+    for u, token in ((0.0, 1), (0.4999, 1), (0.5, 3), (0.999999, 3)):
+        assert inverse_cdf(law, torch.tensor([u], dtype=torch.float64)).tolist() == [token]
 
 
 def test_generator_blocks():

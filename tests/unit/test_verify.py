@@ -42,7 +42,6 @@ from verispec.verify.typical import typical_threshold
 
 Gens = list[torch.Generator | None]
 ALPHA = 1e-6
-TINY = torch.finfo(torch.float32).tiny
 
 # ----------------------------------------------------------------------------------------- helpers
 
@@ -76,12 +75,16 @@ def assert_same(a: Verdict, b: Verdict, msg: str = "") -> None:
     assert torch.equal(a.num_accepted, b.num_accepted), f"{msg}\n{a.num_accepted}\n{b.num_accepted}"
 
 
-def exp_row(gen: torch.Generator, vocab: int) -> torch.Tensor:
-    return torch.empty((1, vocab)).exponential_(generator=gen).clamp_min(TINY)[0]
+def row_draws(gen: torch.Generator, count: int) -> tuple[list[float], float]:
+    """The protocol for a request alone: one call, ``count`` acceptance uniforms then one final."""
+    draw = torch.rand(count + 1, dtype=torch.float64, generator=gen).tolist()
+    return draw[:count], draw[count]
 
 
-def race(law: torch.Tensor, noise: torch.Tensor) -> int:
-    return int((law / noise).argmax())
+def icdf(law: torch.Tensor, u: float) -> int:
+    """Inverse-CDF sampling by hand: the first token whose cumulative mass exceeds u * total."""
+    cdf = np.cumsum(law.numpy().astype(np.float64))
+    return int(np.searchsorted(cdf, u * cdf[-1], side="right"))
 
 
 # ------------------------------------------------------------------------------------ interface basics
@@ -163,8 +166,8 @@ def test_target_prob_zero_point_mass_draft():
 
 def test_point_mass_drafts_accept_iff_u_below_target_prob():
     """probs=None: accept iff u < p(x) (u the row's first float64 uniform); recovered law is p with
-    x removed; bonus from the next target law. Draws per the protocol: uniforms, then Exp(1)."""
-    vocab = 5
+    x removed; bonus from the next target law. Draws per the protocol: one call, the acceptance
+    uniform then the final-token uniform."""
     p0 = t([0.1, 0.4, 0.2, 0.3, 0.0])
     p1 = t([0.2, 0.2, 0.2, 0.2, 0.2])
     target = torch.stack([p0, p1]).unsqueeze(0)
@@ -172,17 +175,15 @@ def test_point_mass_drafts_accept_iff_u_below_target_prob():
     accepted = 0
     for seed in range(200):
         v = RejectionRule().verify(draft, target, [make_generator(seed)])
-        g = make_generator(seed)
-        u = float(torch.rand(1, dtype=torch.float64, generator=g))
-        noise = exp_row(g, vocab)
+        (u,), u_final = row_draws(make_generator(seed), 1)
         if u < 0.4:
             accepted += 1
-            assert v.output_ids.tolist() == [[1, race(p1, noise)]]
+            assert v.output_ids.tolist() == [[1, icdf(p1, u_final)]]
             assert v.num_accepted.tolist() == [1]
         else:
             without_x = p0.clone()
             without_x[1] = 0
-            assert v.output_ids.tolist() == [[race(without_x, noise), PAD_ID]]
+            assert v.output_ids.tolist() == [[icdf(without_x, u_final), PAD_ID]]
             assert v.output_ids[0, 0] not in (1, 4)
             assert v.num_accepted.tolist() == [0]
     assert 40 < accepted < 120  # sanity: both branches were exercised
@@ -198,16 +199,14 @@ def test_model_draft_accept_iff_u_times_q_below_p_and_residual():
     branches = set()
     for seed in range(100):
         v = RejectionRule().verify(draft, target, [make_generator(seed)])
-        g = make_generator(seed)
-        u = float(torch.rand(1, dtype=torch.float64, generator=g))
-        noise = exp_row(g, vocab)
+        (u,), u_final = row_draws(make_generator(seed), 1)
         if u * 0.3 < 0.2:  # accept with probability 2/3
             branches.add("accept")
             assert v.output_ids.tolist() == [[1, 2]]
         else:
             branches.add("reject")
             residual = (p0 - q0).clamp_min(0)  # [0, 0, 0.1, 0.3]
-            assert v.output_ids.tolist() == [[race(residual, noise), PAD_ID]]
+            assert v.output_ids.tolist() == [[icdf(residual, u_final), PAD_ID]]
             assert v.output_ids[0, 0] in (2, 3)
     assert branches == {"accept", "reject"}
 
@@ -747,10 +746,10 @@ def test_good_inputs_pass(rule):
             lambda d, tp, g: (_replace(d, token_ids=torch.tensor([[1, 2, 3], [4, 0, -1]])), tp, g),
             r"PAD_ID \(-1\) after them",
         ),
-        (lambda d, tp, g: (d, tp * 1.1, g), r"target_probs \(used rows\).*not a probability distribution"),
+        (lambda d, tp, g: (d, tp * 1.1, g), r"target_probs\[\d+, \d+\].*not a probability distribution"),
         (
             lambda d, tp, g: (d, _poke(tp, (0, 1, 2), float("nan")), g),
-            r"target_probs \(used rows\).*sum nan.*to_probs",
+            r"target_probs\[\d+, \d+\].*sum nan.*to_probs",
         ),
         (lambda d, tp, g: (d, _poke(_poke(tp, (1, 0, 0), -0.1), (1, 0, 1), 0.5), g), "finite and >= 0"),
         (lambda d, tp, g: (d, tp, g[:1]), "1 generators for a batch of 2; pass one per row"),
@@ -774,7 +773,7 @@ def test_bad_draft_probs_raise(rule):
     draft, target, gens = _good()
     bad = draft.probs.clone()
     bad[0, 1] = torch.tensor([0.5, 0.5, 0.5, 0.0, 0.0])
-    with pytest.raises(InputError, match=r"draft.probs \(used rows\)\[1\].*to_probs"):
+    with pytest.raises(InputError, match=r"draft.probs\[0, 1\].*to_probs"):
         rule.verify(_replace(draft, probs=bad), target, gens)
     # a row after num_tokens is not checked: it is never used
     unused = draft.probs.clone()

@@ -7,12 +7,12 @@ Glossary (used everywhere in verispec):
   first rejection. *bonus token*: drawn from the target after every draft token was accepted.
 - *output tokens* = accepted tokens + one recovered-or-bonus token: at least 1, at most K + 1.
 
-Randomness protocol shared by the stochastic rules and their reference (so that fast and slow
-versions can be compared exactly): the rows of a batch are grouped into maximal runs that share one
-generator object (:func:`verispec.sampling.generator_blocks`); each run draws, in this order,
-(1) float64 uniforms, one per draft token of its rows (``num_tokens`` of each row, row order), then
-(2) fp32 ``Exp(1)`` variables ``[rows, V]`` for the final (recovered or bonus) token of each row.
-Rows whose generator is None are verified greedily and consume nothing.
+Randomness: every stochastic rule draws by the one protocol of
+:func:`verispec.sampling.uniform_draws` (per run of rows sharing a generator: float64 acceptance
+uniforms, ``num_tokens`` per row in row order, then one uniform per row for its final token, in a
+single call), and samples its final token with :func:`verispec.sampling.pick`. Rows whose generator
+is None are verified greedily and consume nothing. The reference implementations follow the same
+protocol, so fast and slow versions can be compared exactly.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InputError
-from verispec.sampling import check_probs, generator_blocks
+from verispec.sampling import check_probs
 
 PAD_ID = -1
 
@@ -161,57 +161,9 @@ def check_inputs(
             f"PAD_ID ({PAD_ID}) after them"
         )
     used_target = torch.arange(k + 1, device=ids.device).unsqueeze(0) <= num.unsqueeze(1)  # [B, K+1]
-    check_probs(target_probs[used_target], "target_probs (used rows)")
+    check_probs(target_probs, "target_probs", used_target)
     if draft.probs is not None:
-        check_probs(draft.probs[used], "draft.probs (used rows)")
-
-
-def uniforms(
-    generators: Sequence[torch.Generator | None], counts: Sequence[int], k: int, device: torch.device
-) -> Tensor:
-    """Acceptance uniforms ``[B, K]`` float64 by the randomness protocol (see module docstring):
-    row ``b`` gets ``counts[b]`` values; padding and greedy rows hold 1.0 (never used)."""
-    out = torch.ones((len(counts), k), dtype=torch.float64, device=device)
-    used = torch.arange(k, device=device).unsqueeze(0) < torch.tensor(counts, device=device).unsqueeze(1)
-    for start, end in generator_blocks(generators):
-        gen = generators[start]
-        total = sum(counts[start:end])
-        if gen is None or total == 0:
-            continue
-        draw = torch.rand(total, dtype=torch.float64, generator=gen, device=gen.device).to(device)
-        block = out[start:end]
-        block[used[start:end]] = draw  # boolean-mask assignment fills row by row, in row order
-    return out
-
-
-def draws(
-    generators: Sequence[torch.Generator | None],
-    counts: Sequence[int],
-    k: int,
-    vocab: int,
-    device: torch.device,
-) -> tuple[Tensor, Tensor]:
-    """Acceptance uniforms ``[B, K]`` float64 and ``Exp(1)`` noise ``[B, V]`` fp32 by the randomness
-    protocol: each run of rows sharing a generator draws its uniforms, then its exponentials, before
-    the next run draws anything. (Drawing every run's uniforms first and then every run's
-    exponentials differs when one generator object heads two non-adjacent runs, e.g. ``[g, None, g]``.)
-    Rows whose generator is None get uniforms 1.0 and noise 1.0 (the race takes the mode)."""
-    u = torch.ones((len(counts), k), dtype=torch.float64, device=device)
-    noise = torch.ones((len(counts), vocab), dtype=torch.float32, device=device)
-    for start, end in generator_blocks(generators):
-        gen = generators[start]
-        if gen is None:
-            continue
-        u[start:end] = uniforms(generators[start:end], counts[start:end], k, device)
-        # The same draw as verispec.sampling.exponentials for this run, without its [rows, V] temporaries.
-        draw = torch.empty((end - start, vocab), dtype=torch.float32, device=gen.device)
-        noise[start:end] = draw.exponential_(generator=gen).to(device)
-    return u, noise.clamp_min_(torch.finfo(torch.float32).tiny)
-
-
-def greedy_rows(generators: Sequence[torch.Generator | None], device: torch.device) -> Tensor:
-    """``[B]`` bool: rows verified greedily (generator None)."""
-    return torch.tensor([g is None for g in generators], dtype=torch.bool, device=device)
+        check_probs(draft.probs, "draft.probs", used)
 
 
 def assemble(token_ids: Tensor, num_accepted: Tensor, final: Tensor) -> Tensor:

@@ -1,10 +1,11 @@
 """Slow, obviously correct versions of the acceptance rules, for tests.
 
 One request at a time, one position at a time, in plain Python control flow. They follow the same
-randomness protocol as the fast rules (:mod:`verispec.verify.base`): per run of rows sharing a
-generator, float64 uniforms for all draft tokens in row order, then ``Exp(1)`` fp32 variables
-``[rows, V]``; generator None = greedy row, no draws. Under identical generator states the fast
-rules must return exactly the same verdicts.
+randomness protocol as the fast rules (:func:`verispec.sampling.uniform_draws`): per run of rows
+sharing a generator, ONE call drawing float64 uniforms, first ``num_tokens`` acceptance uniforms per
+row in row order, then one uniform per row for its final token; generator None = greedy row, no
+draws. The final token is sampled by inverting the float64 cumulative distribution. Under identical
+generator states the fast rules must return exactly the same verdicts.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from verispec.verify.base import PAD_ID, Draft, Verdict
 
 
 def _draws(
-    generators: Sequence[torch.Generator | None], counts: list[int], vocab: int, use_uniforms: bool
-) -> tuple[list[list[float]], list[Tensor | None]]:
-    """Per row: its acceptance uniforms and its Exp(1) row, drawn block by block."""
+    generators: Sequence[torch.Generator | None], counts: list[int]
+) -> tuple[list[list[float]], list[float | None]]:
+    """Per row: its acceptance uniforms and its final-token uniform (None for greedy rows)."""
     us: list[list[float]] = [[] for _ in counts]
-    es: list[Tensor | None] = [None for _ in counts]
+    finals: list[float | None] = [None for _ in counts]
     start = 0
     while start < len(generators):
         end = start
@@ -30,27 +31,30 @@ def _draws(
             end += 1
         gen = generators[start]
         if gen is not None:
-            total = sum(counts[start:end]) if use_uniforms else 0
-            if total:
-                flat = torch.rand(total, dtype=torch.float64, generator=gen, device=gen.device).tolist()
-                offset = 0
-                for row in range(start, end):
-                    us[row] = flat[offset : offset + counts[row]]
-                    offset += counts[row]
-            block = torch.empty((end - start, vocab), dtype=torch.float32, device=gen.device)
-            block.exponential_(generator=gen)
-            block.clamp_min_(torch.finfo(torch.float32).tiny)
+            total = sum(counts[start:end])
+            draw = torch.rand(total + end - start, dtype=torch.float64, generator=gen, device=gen.device)
+            flat = draw.tolist()
+            offset = 0
             for row in range(start, end):
-                es[row] = block[row - start]
+                us[row] = flat[offset : offset + counts[row]]
+                offset += counts[row]
+            for row in range(start, end):
+                finals[row] = flat[total + row - start]
         start = end
-    return us, es
+    return us, finals
 
 
-def _emit(law: Tensor, noise: Tensor | None) -> int:
-    """Sample from an (unnormalised) law by the exponential race; None = take the mode."""
-    if noise is None:
+def _emit(law: Tensor, u: float | None) -> int:
+    """Sample from an (unnormalised) law: the first token whose cumulative mass exceeds
+    ``u * total``; None = take the mode."""
+    if u is None:
         return int(law.argmax())
-    return int((law / noise.to(law.device)).argmax())
+    cdf = law.to(torch.float64).cumsum(dim=0)
+    target = u * float(cdf[-1])
+    for token in range(law.shape[0]):
+        if float(cdf[token]) > target:
+            return token
+    return law.shape[0] - 1
 
 
 def _verdict(rows: list[list[int]], k: int, accepted: list[int], device: torch.device) -> Verdict:
@@ -67,7 +71,7 @@ def reference_rejection(
     batch, k = draft.token_ids.shape
     vocab = target_probs.shape[2]
     counts = [int(n) for n in draft.num_tokens]
-    us, es = _draws(generators, counts, vocab, use_uniforms=True)
+    us, es = _draws(generators, counts)
     rows: list[list[int]] = []
     accepted: list[int] = []
     for b in range(batch):
@@ -130,9 +134,8 @@ def reference_typical(
     delta: float = 0.3,
 ) -> Verdict:
     batch, k = draft.token_ids.shape
-    vocab = target_probs.shape[2]
     counts = [int(n) for n in draft.num_tokens]
-    _, es = _draws(generators, counts, vocab, use_uniforms=False)
+    _, es = _draws(generators, [0] * len(counts))
     rows: list[list[int]] = []
     accepted: list[int] = []
     for b in range(batch):

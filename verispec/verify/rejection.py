@@ -27,8 +27,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from verispec.sampling import race
-from verispec.verify.base import Draft, Verdict, assemble, check_inputs, draws, gather_at, greedy_rows
+from verispec.sampling import greedy_mask, pick, uniform_draws
+from verispec.verify.base import Draft, Verdict, assemble, check_inputs, gather_at
 
 
 class RejectionRule:
@@ -55,16 +55,15 @@ class RejectionRule:
         num = draft.num_tokens  # [B]
         # One host sync: each request draws exactly num_tokens[b] uniforms (randomness protocol).
         counts = num.tolist()
-        u, noise = draws(generators, counts, k, vocab, device)  # [B, K] f64, [B, V] f32
-        any_greedy = any(g is None for g in generators)
-        greedy = greedy_rows(generators, device)  # [B] bool
+        u, u_final = uniform_draws(generators, counts, k, device)  # [B, K] f64, [B] f64
+        greedy = greedy_mask(generators, device)  # [B] bool, or None: no greedy row
 
         valid = torch.arange(k, device=device).unsqueeze(0) < num.unsqueeze(1)  # [B, K]
         target_at_draft = self._target_at_draft(target_probs)  # [B, K, V]
         p_x = gather_at(target_at_draft, ids)  # [B, K] f64
         q_x = gather_at(draft.probs, ids) if draft.probs is not None else torch.ones_like(p_x)
         accept = self._accept(u, p_x, q_x)  # [B, K] bool
-        if any_greedy:
+        if greedy is not None:
             mode_match = ids == target_at_draft.argmax(dim=2)
             accept = torch.where(greedy.unsqueeze(1), mode_match, accept)
         accept = accept & valid
@@ -74,13 +73,14 @@ class RejectionRule:
         p_n = target_probs[rows, num_accepted]  # [B, V]: target law at the first unaccepted position
         law = p_n
         if k > 0:
-            rejected = (num_accepted < num) & ~greedy  # [B]
+            sampled = ~greedy if greedy is not None else torch.ones_like(num, dtype=torch.bool)
+            rejected = (num_accepted < num) & sampled  # [B]
             at = num_accepted.clamp_max(k - 1)
             q_n = self._draft_law(draft, rows, at, vocab)  # [B, V]
             last = self._draft_law(draft, rows, (num - 1).clamp_min(0), vocab)  # [B, V]
-            bonus = torch.where(((num > 0) & ~greedy).unsqueeze(1), self._bonus_law(p_n, last), p_n)
+            bonus = torch.where(((num > 0) & sampled).unsqueeze(1), self._bonus_law(p_n, last), p_n)
             law = torch.where(rejected.unsqueeze(1), self._recovered_law(p_n, q_n), bonus)
-        final = race(law, noise)  # [B]
+        final = pick(law, u_final, greedy)  # [B]
         return Verdict(assemble(ids, num_accepted, final), num_accepted)
 
     @staticmethod
@@ -103,7 +103,7 @@ class RejectionRule:
         return (q_x > 0) & (u * q_x < p_x)
 
     def _recovered_law(self, p_n: Tensor, q_n: Tensor) -> Tensor:
-        """Unnormalised ``max(0, p - q)`` (the race does not need the normaliser)."""
+        """Unnormalised ``max(0, p - q)`` (inverse-CDF sampling does not need the normaliser)."""
         residual = (p_n - q_n).clamp_min(0.0)
         has_mass = residual.sum(dim=1, keepdim=True) > 0
         return torch.where(has_mass, residual, p_n)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import ConfigError
-from verispec.sampling import exponentials, race
+from verispec.sampling import greedy_mask, pick, uniform_draws
 from verispec.verify.base import Draft, Verdict, assemble, check_inputs, gather_at
 
 
@@ -51,11 +51,11 @@ class TypicalRule:
         check_inputs(draft, target_probs, generators, check_values=self.check_values)
         batch, k = draft.token_ids.shape
         device = target_probs.device
-        noise = exponentials(generators, target_probs.shape[2], device)  # [B, V]
+        _, u_final = uniform_draws(generators, [0] * batch, 0, device)  # [B] f64: no acceptance uniforms
         valid = torch.arange(k, device=device).unsqueeze(0) < draft.num_tokens.unsqueeze(1)
         p_x = gather_at(target_probs[:, :k], draft.token_ids)  # [B, K] f64
         accept = (p_x > typical_threshold(target_probs[:, :k], self.epsilon, self.delta)) & valid
         num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
         p_n = target_probs[torch.arange(batch, device=device), num_accepted]  # [B, V]
-        final = race(p_n, noise)
+        final = pick(p_n, u_final, greedy_mask(generators, device))
         return Verdict(assemble(draft.token_ids, num_accepted, final), num_accepted)
