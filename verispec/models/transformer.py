@@ -1,0 +1,423 @@
+"""The PyTorch runtime of the Llama family (Llama 2/3, Mistral, SmolLM, Qwen2/2.5), built for speculation.
+
+One decoder-only transformer (Touvron et al. 2023, "LLaMA"): token embedding, ``L`` pre-norm blocks
+``h += Attn(RMSNorm(h)); h += MLP(RMSNorm(h))``, a final RMSNorm and the LM head (tied to the
+embedding or not). The parts:
+
+- RMSNorm (Zhang & Sennrich 2019), computed in fp32 and cast back, as transformers does.
+- Rotary position embeddings (Su et al. 2021) with the checkpoint's theta and scaling
+  (:mod:`verispec.models.rope`).
+- Grouped-query attention (Ainslie et al. 2023): ``H`` query heads share ``H_kv`` key/value heads.
+  The ``G = H / H_kv`` query heads of a group are stacked along the query axis, so attention reads
+  the cached keys once per group and never copies them (``scaled_dot_product_attention`` over
+  ``[B, H_kv, G*T, D]`` queries with an explicit boolean mask).
+- SwiGLU MLP (Shazeer 2020): ``down(silu(gate(x)) * up(x))``; optional q/k/v biases (Qwen2).
+
+**One forward serves every step of speculative decoding** (Leviathan et al. 2023; Chen et al. 2023):
+prefill (``T`` = prompt length), plain decode (``T = 1``), chain verification (the last committed
+token plus ``K`` draft tokens, ``T = K + 1``) and tree verification (SpecInfer, Miao et al. 2024;
+Medusa, Cai et al. 2024) with a within-step ``attn_mask``: a node sees the cached prefix, its
+ancestors and itself. Rows of a batch have their own cached lengths and their own number of new
+tokens (right padding, ``num_new``); padding tokens neither see nor are seen by real tokens and
+are written to the cache's scratch column. New keys/values are appended in place to the static
+:class:`~verispec.models.kv_cache.KVCache` before attention, which then reads positions
+``[0, span)`` of the buffers under a mask built once per step and shared by all layers (as in
+gpt-fast). The forward pass never synchronises with the device.
+
+Weights are a plain module tree with Hugging Face names (``model.layers.N.self_attn.q_proj.weight``,
+...), so a transformers state dict loads as is. The model holds no per-request state: everything a
+request owns lives in the cache handle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from verispec.errors import InputError, ModelLoadError
+from verispec.models.config import ModelConfig
+from verispec.models.kv_cache import KVCache, StepPlan
+from verispec.models.rope import RotaryEmbedding, apply_rotary
+
+ROPE_FREQS_KEY = "model.rope_freqs"  # [D/2] RoPE frequency divisors (llama.cpp's rope_freqs)
+
+
+# Up to this many rows, CPU matmuls run as ``weight @ x.T`` (see _linear).
+SKINNY_ROWS = 64
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` for ``x`` ``[..., in]`` and ``weight`` ``[out, in]``.
+
+    On CPU, few rows (decode and verification passes) go through ``torch.mv`` (one row) or
+    ``weight @ x.T`` (up to ``SKINNY_ROWS``): with the weight as the row-major left operand the
+    BLAS kernels stream it at close to memory bandwidth, while ``F.linear``'s path is 25-40% slower
+    for bf16 at these shapes (measured with benchmarks/runtime_speed.py). Many rows (prefill) and
+    other devices use ``F.linear``.
+    """
+    rows = x.numel() // x.shape[-1]
+    if x.device.type != "cpu" or rows > SKINNY_ROWS or rows == 0:
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(rows, x.shape[-1])  # [M, in]
+    # [M, out]; for M > 1 the transpose copy is M * out elements, small next to the weight.
+    y = torch.mv(weight, x2[0])[None, :] if rows == 1 else torch.mm(weight, x2.t()).t().contiguous()
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)``, the statistics in fp32 (Zhang & Sennrich 2019)."""
+
+    def __init__(self, size: int, eps: float, device: torch.device | str) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size, device=device), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:  # [..., C] -> [..., C] in x's dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention over the cached prefix plus the step's new tokens."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
+        super().__init__()
+        hidden, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(hidden, config.num_heads * d, bias=bias, device=device)
+        self.k_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=bias, device=device)
+        self.v_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=bias, device=device)
+        self.o_proj = nn.Linear(config.num_heads * d, hidden, bias=False, device=device)
+
+    def forward(
+        self,
+        x: Tensor,  # [B, T, C]
+        cos: Tensor,  # [B, T, 1, D]
+        sin: Tensor,  # [B, T, 1, D]
+        cache: KVCache,
+        layer: int,
+        plan: StepPlan,
+        mask: Tensor,  # [B, 1, G*T, span] additive: 0 = may attend, -inf = may not
+    ) -> Tensor:  # [B, T, C]
+        b, t, _ = x.shape
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        g = h // hkv
+        q = _linear(x, self.q_proj.weight, self.q_proj.bias).view(b, t, h, d)
+        k = _linear(x, self.k_proj.weight, self.k_proj.bias).view(b, t, hkv, d)
+        v = _linear(x, self.v_proj.weight, self.v_proj.bias).view(b, t, hkv, d)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cache.write(layer, plan, k, v)
+        keys, values = cache.read(layer, plan)  # [B, H_kv, span, D] each
+        # Query head h = kv * G + g (transformers' repeat_kv order); stack a group's heads along T.
+        qg = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)  # [B, H_kv, G*T, D]
+        out = out.view(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
+        return _linear(out, self.o_proj.weight)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward block (Shazeer 2020): ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
+        super().__init__()
+        c, f = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(c, f, bias=False, device=device)
+        self.up_proj = nn.Linear(c, f, bias=False, device=device)
+        self.down_proj = nn.Linear(f, c, bias=False, device=device)
+
+    def forward(self, x: Tensor) -> Tensor:  # [B, T, C] -> [B, T, C]
+        gate = F.silu(_linear(x, self.gate_proj.weight))  # [B, T, F]
+        return _linear(gate * _linear(x, self.up_proj.weight), self.down_proj.weight)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm block: ``h += Attn(norm(h)); h += MLP(norm(h))``."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, device)
+        self.mlp = MLP(config, device)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+
+
+class Backbone(nn.Module):
+    """Embedding, decoder layers and final norm (transformers' ``model.`` prefix)."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device=device)
+        self.layers = nn.ModuleList([DecoderLayer(config, device) for _ in range(config.num_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    """What :meth:`Transformer.forward_with_hidden` returns. Both are inference tensors (made
+    under ``torch.inference_mode``): ``clone()`` them before feeding autograd (e.g. to train draft
+    heads on the hidden states)."""
+
+    logits: Tensor  # [B, N, V] fp32 (N = T, or the number of positions in logits_at)
+    hidden: Tensor  # [B, T, C] model dtype: last hidden states after the final norm
+
+
+class Transformer(nn.Module):
+    """A Llama-family decoder with weights in Hugging Face naming (see the module docstring).
+
+    ``state_dict`` holds ``model.embed_tokens.weight``,
+    ``model.layers.N.self_attn.{q,k,v,o}_proj.weight`` (and ``.bias`` of q/k/v when
+    ``config.attention_bias``), ``model.layers.N.mlp.{gate,up,down}_proj.weight``,
+    ``model.layers.N.{input,post_attention}_layernorm.weight``, ``model.norm.weight``, unless the
+    embeddings are tied ``lm_head.weight``, and optionally ``model.rope_freqs`` (RoPE frequency
+    divisors from GGUF files, see :mod:`verispec.models.rope`). Tensors already in ``dtype`` on
+    ``device`` are used without a copy. Weights and activations are in ``dtype`` (fp32 for
+    reference, bf16 for speed); logits always come back in fp32.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        state_dict: Mapping[str, Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config, "meta")
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+        )
+        self._load(state_dict, dtype, torch.device(device))
+        self.requires_grad_(False)
+        self.rope = RotaryEmbedding(config, device, state_dict.get(ROPE_FREQS_KEY))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the weights and activations."""
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the weights."""
+        return self.model.embed_tokens.weight.device
+
+    def _load(self, state_dict: Mapping[str, Tensor], dtype: torch.dtype, device: torch.device) -> None:
+        expected = self.state_dict(keep_vars=True)
+        wanted = {k: v for k, v in state_dict.items() if k in expected}
+        missing = sorted(set(expected) - set(wanted))
+        # A tied checkpoint may still carry lm_head.weight; old ones carry rotary inv_freq buffers;
+        # GGUF files of Llama 3.1+ carry RoPE frequency factors (used by the RotaryEmbedding).
+        ignorable = {
+            k
+            for k in state_dict
+            if k in ("lm_head.weight", ROPE_FREQS_KEY) or k.endswith("rotary_emb.inv_freq")
+        }
+        unexpected = sorted(set(state_dict) - set(expected) - ignorable)
+        if missing or unexpected:
+            raise ModelLoadError(
+                f"state dict does not match {self.config.architecture} ({self.config.num_layers} layers, "
+                f"attention_bias={self.config.attention_bias}, tie_word_embeddings="
+                f"{self.config.tie_word_embeddings}): missing {missing[:8]}, unexpected {unexpected[:8]}; "
+                "check that the ModelConfig was read from the same checkpoint"
+            )
+        for name, tensor in wanted.items():
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise ModelLoadError(
+                    f"weight {name} has shape {tuple(tensor.shape)}, the config implies "
+                    f"{tuple(expected[name].shape)}; check the ModelConfig of this checkpoint"
+                )
+        cast = {k: v.detach().to(device=device, dtype=dtype) for k, v in wanted.items()}
+        self.load_state_dict(cast, strict=True, assign=True)
+
+    @property
+    def lm_weight(self) -> Tensor:  # [V, C]
+        """The LM head's weight (the embedding when tied)."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def new_cache(self, max_batch: int, max_len: int) -> KVCache:
+        """An empty :class:`KVCache` for this model (same dtype and device)."""
+        return KVCache(self.config, max_batch, max_len, dtype=self.dtype, device=self.device)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward pass streams from memory: every matrix once, the LM head
+        included (the embedding table itself is only looked up, a few rows)."""
+        embed = self.model.embed_tokens.weight
+        total = sum(p.numel() * p.element_size() for p in self.parameters())
+        total -= embed.numel() * embed.element_size()
+        if self.lm_head is None:
+            total += embed.numel() * embed.element_size()
+        return total
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor | None,
+        cache: KVCache,
+        attn_mask: Tensor | None = None,
+        *,
+        num_new: Tensor | Sequence[int] | None = None,
+        slots: Sequence[int] | None = None,
+        logits_at: Tensor | None = None,
+    ) -> Tensor:
+        """Run ``T`` new tokens per row through the model, appending them to ``cache``; return
+        logits ``[B, N, V]`` fp32. See :meth:`forward_with_hidden` for the arguments."""
+        return self.forward_with_hidden(
+            tokens, positions, cache, attn_mask, num_new=num_new, slots=slots, logits_at=logits_at
+        ).logits
+
+    def forward_with_hidden(
+        self,
+        tokens: Tensor,
+        positions: Tensor | None,
+        cache: KVCache,
+        attn_mask: Tensor | None = None,
+        *,
+        num_new: Tensor | Sequence[int] | None = None,
+        slots: Sequence[int] | None = None,
+        logits_at: Tensor | None = None,
+    ) -> ForwardOutput:
+        """The forward pass (see the module docstring); returns logits and last hidden states.
+
+        ``tokens`` ``[B, T]`` int64: new tokens, right-padded (any value, e.g. -1) after
+        ``num_new[b]``. ``positions`` ``[B, T]`` int64: their RoPE positions; None means a chain,
+        ``lengths[slot] + t``. Tree nodes take ``lengths[slot] + depth``.
+        ``attn_mask`` ``[B, T, T]`` bool: within-step visibility, ``attn_mask[b, t, s]`` = token
+        ``t`` sees new token ``s`` (its ancestors; the diagonal is added); None = causal.
+        ``num_new`` ``[B]`` int64 (device tensor or host ints): real new tokens per row; None = T.
+        Host ints keep the cache's bounds exact.
+        ``slots``: cache slot of each row (host ints); None = slots ``0 .. B-1``.
+        ``logits_at`` ``[B, N]`` int64: step offsets whose logits are wanted (e.g. the last real
+        token, ``num_new - 1``, in prefill; saves the LM head elsewhere); None = all ``T``.
+        """
+        if tokens.dim() != 2:
+            raise InputError(f"tokens must be [B, T] int64, got shape {tuple(tokens.shape)}")
+        b, t = tokens.shape
+        if positions is not None and tuple(positions.shape) != (b, t):
+            raise InputError(
+                f"positions must have the shape of tokens {(b, t)}, got {tuple(positions.shape)}"
+            )
+        if attn_mask is not None and (tuple(attn_mask.shape) != (b, t, t) or attn_mask.dtype != torch.bool):
+            raise InputError(f"attn_mask must be [B, T, T] = {(b, t, t)} bool, got {tuple(attn_mask.shape)}")
+        if logits_at is not None and (logits_at.dim() != 2 or logits_at.shape[0] != b):
+            raise InputError(f"logits_at must be [B, N] int64 with B={b}, got {tuple(logits_at.shape)}")
+        with torch.inference_mode():
+            plan = cache.begin_step(slots, t, b, num_new)
+            if positions is None:
+                offsets = torch.arange(t, dtype=torch.int64, device=plan.lengths.device)  # [T]
+                positions = plan.lengths[:, None] + offsets[None, :]  # [B, T]
+            if plan.valid is not None:
+                tokens = torch.where(plan.valid, tokens, 0)  # padding -> any valid id
+            groups = self.config.num_heads // self.config.num_kv_heads
+            mask = _attention_mask(plan, t, groups, attn_mask, self.dtype)  # [B, 1, G*T, span]
+            cos, sin = self.rope.cos_sin(positions, self.dtype, plan.valid)  # [B, T, 1, D] each
+            h = F.embedding(tokens, self.model.embed_tokens.weight)  # [B, T, C]
+            for i, layer in enumerate(self.model.layers):
+                assert isinstance(layer, DecoderLayer)
+                h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, cache, i, plan, mask)
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = self.model.norm(h)  # [B, T, C]
+            cache.end_step(plan)
+            picked = (
+                h if logits_at is None else h.gather(1, logits_at[:, :, None].expand(-1, -1, h.shape[-1]))
+            )
+            logits = _linear(picked, self.lm_weight).to(torch.float32)  # [B, N, V] fp32
+        return ForwardOutput(logits=logits, hidden=h)
+
+
+def _attention_mask(plan: StepPlan, t: int, groups: int, within: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """``[B, 1, G*T, span]`` additive mask in ``dtype``: 0 where query ``(g, t)`` of row ``b`` may
+    attend to buffer position ``j``, -inf elsewhere.
+
+    Real query ``t`` sees the cached prefix (``j < lengths[b]``) and the new tokens ``s`` it may see
+    within the step (causal, or ``within[b, t, s]`` plus the diagonal) among the real ones
+    (``s < num_new[b]``). Padding queries see position 0 only (their output is discarded; this
+    just keeps softmax finite).
+    """
+    lengths = plan.lengths  # [B]
+    device = lengths.device
+    span = max(plan.span, 1)
+    j = torch.arange(span, dtype=torch.int64, device=device)  # [S]
+    rel = j[None, :] - lengths[:, None]  # [B, S]: offset of position j within the step
+    in_prefix = rel < 0  # [B, S]
+    count = plan.num_new[:, None] if plan.num_new is not None else t
+    in_step = (rel >= 0) & (rel < count)  # [B, S]
+    rel_c = rel.clamp(0, t - 1)  # [B, S]
+    q = torch.arange(t, dtype=torch.int64, device=device)  # [T]
+    sees = rel_c[:, None, :] <= q[None, :, None]  # [B, T, S] causal
+    if within is not None:
+        within_diag = within | torch.eye(t, dtype=torch.bool, device=device)[None]  # [B, T, T]
+        sees = within_diag.gather(2, rel_c[:, None, :].expand(-1, t, -1))  # [B, T, S]
+    mask = in_prefix[:, None, :] | (in_step[:, None, :] & sees)  # [B, T, S]
+    if plan.valid is not None:
+        mask = torch.where(plan.valid[:, :, None], mask, (j == 0)[None, None, :])
+    b = mask.shape[0]
+    # Additive form (0 / -inf), built once per step: SDPA would otherwise convert a boolean mask
+    # in every layer.
+    bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
+    return bias[:, None, None].expand(b, 1, groups, t, span).reshape(b, 1, groups * t, span)
+
+
+def tree_attention_mask(parents: Tensor) -> Tensor:
+    """``parents`` ``[B, N]`` int64 (index of each node's parent among the step's tokens, -1 for a
+    root) -> ``[B, N, N]`` bool: ``mask[b, i, j]`` = node ``j`` is ``i`` or an ancestor of ``i``.
+    Parents must precede their children. ``depth = mask.sum(-1) - 1``; tree positions are
+    ``lengths + depth``."""
+    b, n = parents.shape
+    if bool((parents >= torch.arange(n, device=parents.device)[None, :]).any()):
+        raise InputError("tree parents must precede their children (parents[b, i] < i, or -1 for a root)")
+    rows = torch.arange(b, device=parents.device)  # [B]
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(b, n, n).clone()  # [B, N, N]
+    # Topological order: the parent's row is final when its child is reached (N small host steps).
+    for i in range(n):
+        parent = parents[:, i]  # [B]
+        ancestors = mask[rows, parent.clamp(min=0)]  # [B, N]: the parent and its ancestors
+        mask[:, i] |= ancestors & (parent >= 0)[:, None]
+    return mask
+
+
+def random_state_dict(
+    config: ModelConfig, *, seed: int = 0, std: float = 0.02, dtype: torch.dtype = torch.float32
+) -> dict[str, Tensor]:
+    """Random weights in Hugging Face naming for tests and benchmarks: N(0, std) matrices and
+    biases, norm weights 1 + N(0, 0.1). Deterministic in ``seed``; the global RNG is untouched."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int, scale: float = std) -> Tensor:
+        return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(dtype)
+
+    def norm_weight() -> Tensor:
+        return (1 + torch.randn(config.hidden_size, generator=gen) * 0.1).to(dtype)
+
+    c, f, d = config.hidden_size, config.intermediate_size, config.head_dim
+    h, hkv = config.num_heads, config.num_kv_heads
+    sd: dict[str, Tensor] = {"model.embed_tokens.weight": normal(config.vocab_size, c)}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        sd[p + "self_attn.q_proj.weight"] = normal(h * d, c)
+        sd[p + "self_attn.k_proj.weight"] = normal(hkv * d, c)
+        sd[p + "self_attn.v_proj.weight"] = normal(hkv * d, c)
+        sd[p + "self_attn.o_proj.weight"] = normal(c, h * d)
+        if config.attention_bias:
+            sd[p + "self_attn.q_proj.bias"] = normal(h * d)
+            sd[p + "self_attn.k_proj.bias"] = normal(hkv * d)
+            sd[p + "self_attn.v_proj.bias"] = normal(hkv * d)
+        sd[p + "mlp.gate_proj.weight"] = normal(f, c)
+        sd[p + "mlp.up_proj.weight"] = normal(f, c)
+        sd[p + "mlp.down_proj.weight"] = normal(c, f)
+        sd[p + "input_layernorm.weight"] = norm_weight()
+        sd[p + "post_attention_layernorm.weight"] = norm_weight()
+    sd["model.norm.weight"] = norm_weight()
+    if not config.tie_word_embeddings:
+        sd["lm_head.weight"] = normal(config.vocab_size, c)
+    return sd
