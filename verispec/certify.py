@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from scipy import stats
 from torch import Tensor
 
@@ -347,3 +348,78 @@ def run_cases(
         if on_result is not None:
             on_result(result)
     return results
+
+
+# ------------------------------------------------------------------------------ the whole engine
+@dataclass(frozen=True)
+class EngineCase:
+    """One engine configuration to certify on tiny transformers: drafter, K (None = the measured
+    policy), sampling parameters, tested prefix length."""
+
+    drafter: str
+    k: int | None
+    params: SamplingParams
+    prefix_len: int
+    rule: str = "rejection"
+
+    def label(self) -> str:
+        k = "auto" if self.k is None else str(self.k)
+        return (
+            f"engine {self.rule}/{self.drafter} K={k} n={self.prefix_len} "
+            + CertificationCase("rejection", "model", 1, self.params, self.prefix_len).sampling_label()
+        )
+
+
+def certify_engine_case(
+    case: EngineCase,
+    *,
+    vocab_size: int = 4,
+    num_sequences: int = 12_000,
+    seed: int = 0,
+    alpha: float = DEFAULT_ALPHA,
+    prompt: Sequence[int] = (1, 2, 3),
+    model_seed: int = 0,
+    broken_rule: AcceptanceRule | None = None,
+) -> tuple[GoodnessOfFit, float]:
+    """Sample ``num_sequences`` requests through :class:`~verispec.engine.Engine` (each with its
+    own seed) on a tiny target/draft transformer pair built in code, and test the first
+    ``prefix_len`` tokens against the target's exact law. Returns the fit and the acceptance rate.
+    ``broken_rule`` swaps in a deliberately wrong rule (negative control)."""
+    from dataclasses import replace
+
+    from verispec.config import EngineConfig
+    from verispec.drafters.registry import make_drafter
+    from verispec.engine import Engine
+    from verispec.models.exact import exact_prefix_law_lm
+    from verispec.models.tiny import tiny_pair
+
+    if case.k is not None and case.prefix_len <= case.k:
+        raise ConfigError("the tested prefix must be longer than K, or bonus tokens go untested")
+    target, draft = tiny_pair(vocab_size, seed=model_seed)
+    law = exact_prefix_law_lm(target, case.params, prompt, case.prefix_len)
+    batch = min(num_sequences, 1024)
+    max_len = len(prompt) + case.prefix_len + 1
+    config = EngineConfig(
+        max_batch=batch, max_len=max_len, num_draft_tokens=case.k, max_draft_tokens=max(case.k or 4, 1),
+        rule=case.rule, allow_lossy=case.rule == "typical",
+    )  # fmt: skip
+    # Prompt lookup from single tokens up: on a tiny vocabulary every token has occurred before.
+    drafter = make_drafter(
+        case.drafter, draft_model=draft, vocab_size=vocab_size, max_batch=batch, max_len=max_len + 16,
+        ngram_min=1, ngram_max=3,
+    )  # fmt: skip
+    engine = Engine(target, None, drafter, config)
+    if broken_rule is not None:
+        engine.rule = broken_rule
+    base = replace(case.params, max_tokens=case.prefix_len)
+    for i in range(num_sequences):
+        engine.add_request(prompt, replace(base, seed=seed * 1_000_003 + i), request_id=str(i))
+    tokens = torch.full((num_sequences, case.prefix_len), 0, dtype=torch.long)
+    drafted = accepted = 0
+    for out in engine.run():
+        if out.finished:
+            tokens[int(out.request_id)] = torch.tensor(out.token_ids[: case.prefix_len])
+            drafted += out.stats.num_draft_tokens
+            accepted += out.stats.num_accepted_tokens
+    counts = np.bincount(sequence_index(tokens, vocab_size), minlength=law.shape[0])
+    return chi_square_gof(counts, law), accepted / drafted if drafted else 0.0

@@ -1,0 +1,169 @@
+"""The engine end to end on tiny transformers built in code: exactness, batching, stopping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.tiny import byte_tokenizer, tiny_config, tiny_pair
+from verispec.config import EngineConfig, SamplingParams
+from verispec.drafters.registry import make_drafter
+from verispec.engine import Engine
+from verispec.errors import ConfigError, InputError
+from verispec.models.transformer import Transformer, random_state_dict
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 1, 2, 3, 4, 5, 6], [7], [2, 2, 2, 2, 2]]
+
+
+def engine(drafter: str, vocab: int = 8, k: int | None = 3, max_batch: int = 8, **kw) -> Engine:
+    target, draft = tiny_pair(vocab)
+    config = EngineConfig(max_batch=max_batch, max_len=256, num_draft_tokens=k, **kw)
+    d = make_drafter(drafter, draft_model=draft, vocab_size=vocab, max_batch=max_batch, max_len=300)
+    return Engine(target, None, d, config)
+
+
+def plain_greedy(target: Transformer, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding by hand: full forward over the growing sequence, argmax (no cache reuse)."""
+    seq = list(prompt)
+    out = []
+    for _ in range(n):
+        cache = target.new_cache(1, 512)
+        logits = target.forward(torch.tensor([seq]), None, cache)[0, -1]
+        token = int(logits.argmax())
+        out.append(token)
+        seq.append(token)
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["none", "model", "ngram", "composite"])
+def test_greedy_speculative_equals_plain_greedy(drafter: str) -> None:
+    target, _ = tiny_pair(8)
+    e = engine(drafter)
+    outs = e.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == plain_greedy(target, prompt, 20), (drafter, prompt)
+        assert out.finish_reason == "length"
+        assert out.lossless
+    if drafter != "none":
+        assert sum(o.stats.num_draft_tokens for o in outs) > 0
+        assert sum(o.stats.num_accepted_tokens for o in outs) > 0
+
+
+@pytest.mark.parametrize("drafter", ["model", "composite"])
+def test_adaptive_k_greedy_equals_plain(drafter: str) -> None:
+    target, _ = tiny_pair(8)
+    e = engine(drafter, k=None)
+    outs = e.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == plain_greedy(target, prompt, 16)
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "composite", "none"])
+def test_seed_gives_same_output_batched_or_alone(drafter: str) -> None:
+    params = [SamplingParams(temperature=0.9, top_p=0.95, seed=s, max_tokens=12) for s in (1, 2, 3, 4)]
+    batched = engine(drafter).generate(PROMPTS, params)
+    for prompt, p, out in zip(PROMPTS, params, batched, strict=True):
+        alone = engine(drafter).generate([prompt], [p])[0]
+        assert alone.token_ids == out.token_ids
+
+
+def test_requests_join_and_leave_between_steps() -> None:
+    e = engine("model", max_batch=2)
+    params = SamplingParams(temperature=0, max_tokens=6)
+    ids = [e.add_request(p, params) for p in PROMPTS]
+    seen_running = set()
+    finals = {}
+    while e.has_unfinished():
+        for out in e.step():
+            if out.finished:
+                finals[out.request_id] = out
+        seen_running.add(len(e.running))
+        assert len(e.running) <= 2
+    assert set(finals) == set(ids)
+    target, _ = tiny_pair(8)
+    for rid, prompt in zip(ids, PROMPTS, strict=True):
+        assert finals[rid].token_ids == plain_greedy(target, prompt, 6)
+    assert e.cache.active_slots == []
+
+
+def test_text_streaming_eos_and_stop_strings() -> None:
+    tok = byte_tokenizer()
+    vocab = 257
+    config = tiny_config(vocab)
+    target = Transformer(config, random_state_dict(config, seed=3, std=0.35))
+    draft = Transformer(config, random_state_dict(config, seed=3, std=0.35))
+    d = make_drafter("model", draft_model=draft, vocab_size=vocab, max_len=300)
+    e = Engine(target, tok, d, EngineConfig(max_len=256, num_draft_tokens=4))
+    full = e.generate(["héllo"], SamplingParams(temperature=0, max_tokens=30))[0]
+    assert full.text == tok.decode(full.token_ids, skip_special_tokens=True)
+    # A stop string taken from inside the greedy output truncates the text exactly there.
+    stop = full.text[5:7]
+    if stop and stop not in full.text[:5]:
+        e2 = Engine(
+            target,
+            tok,
+            make_drafter("model", draft_model=draft, vocab_size=vocab, max_len=300),
+            EngineConfig(max_len=256, num_draft_tokens=4),
+        )
+        streamed = ""
+        rid = e2.add_request("héllo", SamplingParams(temperature=0, max_tokens=30, stop=(stop,)))
+        final = None
+        for out in e2.run():
+            assert out.request_id == rid
+            streamed += out.new_text
+            final = out
+        assert final is not None and final.finish_reason == "stop"
+        assert final.text == full.text[: full.text.index(stop)]
+        assert streamed == final.text
+
+
+def test_eos_ends_the_request_inside_a_block() -> None:
+    target, draft = tiny_pair(8)
+    greedy = plain_greedy(target, [1, 2, 3], 12)
+    eos = greedy[5]
+    first = greedy.index(eos)
+    d = make_drafter("model", draft_model=draft, vocab_size=8, max_len=300)
+    e = Engine(target, None, d, EngineConfig(max_len=256, num_draft_tokens=4), eos_token_ids=[eos])
+    out = e.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=12))[0]
+    assert out.token_ids == greedy[:first]
+    assert out.finish_reason == "stop"
+
+
+def test_bad_input() -> None:
+    e = engine("model")
+    with pytest.raises(InputError, match="empty"):
+        e.add_request([], SamplingParams())
+    with pytest.raises(ConfigError, match="context"):
+        e.add_request([1, 2], SamplingParams(max_tokens=1000))
+    with pytest.raises(InputError, match="vocabulary"):
+        e.add_request([1, 99], SamplingParams(max_tokens=5))
+    with pytest.raises(ConfigError, match="tokenizer"):
+        e.add_request("text", SamplingParams())
+    with pytest.raises(ConfigError, match="unknown drafter"):
+        make_drafter("nope", vocab_size=8)
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        make_drafter("model", vocab_size=8)
+    with pytest.raises(ConfigError, match=">= 0"):
+        EngineConfig(num_draft_tokens=-1)
+    e.add_request([1], SamplingParams(max_tokens=5), request_id="x")
+    with pytest.raises(InputError, match="unique"):
+        e.add_request([1], SamplingParams(max_tokens=5), request_id="x")
+
+
+def test_a_failing_request_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    e = engine("model")
+    ids = [e.add_request(p, SamplingParams(temperature=0, max_tokens=8)) for p in PROMPTS]
+    original = type(e.drafter).observe  # type: ignore[union-attr]
+
+    def observe(self, request_id, accepted):  # type: ignore[no-untyped-def]
+        if request_id == ids[1]:
+            raise RuntimeError("boom")
+        return original(self, request_id, accepted)
+
+    monkeypatch.setattr(type(e.drafter), "observe", observe)
+    finals = {o.request_id: o for o in e.run() if o.finished}
+    assert finals[ids[1]].finish_reason == "error" and "boom" in (finals[ids[1]].error or "")
+    target, _ = tiny_pair(8)
+    for rid, prompt in zip(ids, PROMPTS, strict=True):
+        if rid != ids[1]:
+            assert finals[rid].token_ids == plain_greedy(target, prompt, 8)

@@ -1,0 +1,198 @@
+"""Drafting with a small language model (Leviathan et al. 2023; Chen et al. 2023).
+
+The draft model keeps its own KV cache, one slot per request. Each draft token is drawn from the
+draft model's law through the SAME :func:`~verispec.sampling.to_probs` and SamplingParams as the
+target (penalties included), and that exact law is reported in ``Draft.probs``: the rejection rule
+needs the law the token was actually drawn from, nothing else.
+
+Cache bookkeeping per request: ``context`` is everything committed (prompt + output), ``fed`` how
+many of its tokens are in the draft cache. A proposal first feeds the tokens not yet fed (the last
+committed token, plus the last draft token when the whole draft was accepted: the "catch-up"), in
+one batched pass, then one pass per further draft token. After verification the cache keeps the
+committed prefix and drops what the target rejected (O(1)). A new request's prompt is fed by its
+first proposal, batched with the other requests' pending tokens.
+
+Rows that draft nothing this step are not run and consume no randomness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from verispec.drafters.base import BatchView
+from verispec.errors import ConfigError, InputError
+from verispec.models.protocol import LanguageModel
+from verispec.sampling import TokenHistory, sample, to_probs
+from verispec.verify.base import PAD_ID, Draft
+
+
+@dataclass
+class _State:
+    slot: int
+    prompt_len: int
+    context: list[int]
+    fed: int = 0
+    last_k: int = 0  # tokens drafted in the last proposal
+    context_at_propose: int = 0
+    drafts: list[int] = field(default_factory=list)
+
+
+class ModelDrafter:
+    """A draft language model with its own KV cache (see the module docstring).
+
+    ``vocab_size``: width of the laws to report (the target's logits width); ``vocab_limit``: ids
+    past it get probability 0 (the tokenizer's vocabulary), as in the engine.
+    """
+
+    name: ClassVar[str] = "model"
+    needs_hidden_states: ClassVar[bool] = False
+    point_mass: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        model: LanguageModel,
+        *,
+        vocab_size: int,
+        vocab_limit: int | None = None,
+        max_batch: int = 8,
+        max_len: int = 4096,
+    ) -> None:
+        if model.config.vocab_size < 2:
+            raise ConfigError("the draft model needs a vocabulary")
+        self.model = model
+        self.vocab_size = vocab_size
+        self.vocab_limit = min(vocab_limit or vocab_size, vocab_size, model.config.vocab_size)
+        self.cache: Any = model.new_cache(max_batch, max_len)
+        self.max_len = max_len
+        self._state: dict[str, _State] = {}
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        if request_id in self._state:
+            raise InputError(f"request {request_id!r} is already running; request ids must be unique")
+        slot = self.cache.add_sequence()
+        state = _State(slot, len(prompt_ids), list(prompt_ids))
+        self._state[request_id] = state  # the prompt is fed by the first proposal, batched with others
+
+    def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
+        state = self._get(request_id)
+        if state.last_k > 0:
+            num_accepted = len(accepted_ids) - 1
+            # Draft tokens 1 .. k-1 were fed; keep those the target accepted.
+            state.fed = state.context_at_propose + min(num_accepted, state.last_k - 1)
+            self.cache.truncate([state.fed], [state.slot])
+            state.last_k = 0
+        state.context.extend(accepted_ids)
+
+    def end(self, request_id: str) -> None:
+        state = self._state.pop(request_id, None)
+        if state is not None:
+            self.cache.remove_sequence(state.slot)
+
+    def _get(self, request_id: str) -> _State:
+        try:
+            return self._state[request_id]
+        except KeyError:
+            raise InputError(f"unknown request {request_id!r}: call begin() first") from None
+
+    # ------------------------------------------------------------------------------- drafting
+    def _feed(
+        self, states: Sequence[_State], pieces: Sequence[Sequence[int]], logits: bool = True
+    ) -> Tensor | None:
+        """Append ``pieces[i]`` to ``states[i]``'s cache in one pass; logits ``[R, V]`` fp32 of
+        each row's last token (the law of its next token) when asked."""
+        device = self.model.device
+        width = max(len(p) for p in pieces)
+        tokens = torch.full((len(pieces), width), 0, dtype=torch.long)
+        for row, piece in enumerate(pieces):
+            tokens[row, : len(piece)] = torch.tensor(piece, dtype=torch.long)
+        num_new = [len(p) for p in pieces]
+        last = torch.tensor([[n - 1] for n in num_new], device=device)
+        out = self.model.forward(
+            tokens.to(device),
+            None,
+            self.cache,
+            num_new=num_new,
+            slots=[s.slot for s in states],
+            logits_at=last,
+        )  # [R, 1, V_draft]
+        for state, n in zip(states, num_new, strict=True):
+            state.fed += n
+        return self._fit(out[:, 0])
+
+    def _fit(self, logits: Tensor) -> Tensor:
+        """Draft logits ``[R, V_draft]`` on the target's support: width ``vocab_size``, ids past
+        ``vocab_limit`` at -inf."""
+        r, v = logits.shape
+        if v < self.vocab_size:
+            logits = torch.cat([logits, logits.new_full((r, self.vocab_size - v), float("-inf"))], dim=1)
+        elif v > self.vocab_size:
+            logits = logits[:, : self.vocab_size]
+        if self.vocab_limit < self.vocab_size:
+            logits[:, self.vocab_limit :] = float("-inf")
+        return logits
+
+    def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
+        n = len(batch)
+        k_max = max(max_tokens, default=0)
+        ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)
+        laws = torch.zeros((n, k_max, self.vocab_size), dtype=torch.float32, device=self.model.device)
+        rows = [b for b in range(n) if max_tokens[b] > 0]
+        states = [self._get(batch.request_ids[b]) for b in rows]
+        for b, state in zip(rows, states, strict=True):
+            if state.fed + max_tokens[b] > self.max_len:
+                raise InputError(f"draft cache overflow for request {batch.request_ids[b]!r}")
+            state.last_k = max_tokens[b]
+            state.context_at_propose = len(state.context)
+        histories = self._histories(batch, rows, states)
+        drafted: dict[int, list[int]] = {b: [] for b in rows}
+        active = list(range(len(rows)))  # indices into rows/states
+        pieces = [s.context[s.fed :] for s in states]
+        for i in range(k_max):
+            if not active:
+                break
+            logits = self._feed([states[j] for j in active], [pieces[j] for j in active])
+            params = [batch.params[rows[j]] for j in active]
+            hist = None
+            if histories is not None:
+                hist = TokenHistory(
+                    torch.stack([histories[j].output_counts[0] for j in active]),
+                    torch.stack([histories[j].prompt_mask[0] for j in active]),
+                ).extended(self._drafted_matrix([drafted[rows[j]] for j in active], i))
+            law = to_probs(logits, params, hist)  # [A, V]
+            tokens = sample(law, [batch.generators[rows[j]] for j in active]).tolist()  # host: next feed
+            for a, j in enumerate(active):
+                b = rows[j]
+                ids[b, i] = tokens[a]
+                laws[b, i] = law[a]
+                drafted[b].append(tokens[a])
+                pieces[j] = [tokens[a]]
+            active = [j for j in active if max_tokens[rows[j]] > i + 1]
+        # The last draft token of each row is never fed: fed counts context + (k - 1) drafts.
+        num = torch.tensor([len(drafted.get(b, [])) for b in range(n)], dtype=torch.long)
+        return Draft(ids, num, laws)
+
+    @staticmethod
+    def _drafted_matrix(drafted: Sequence[Sequence[int]], width: int) -> Tensor:
+        out = torch.full((len(drafted), width), PAD_ID, dtype=torch.long)
+        for row, toks in enumerate(drafted):
+            if toks:
+                out[row, : len(toks)] = torch.tensor(toks[:width], dtype=torch.long)
+        return out
+
+    def _histories(
+        self, batch: BatchView, rows: Sequence[int], states: Sequence[_State]
+    ) -> list[TokenHistory] | None:
+        if not any(batch.params[b].uses_history for b in rows):
+            return None
+        return [
+            TokenHistory.from_ids(
+                [s.context[: s.prompt_len]], [s.context[s.prompt_len :]], self.vocab_size, self.model.device
+            )
+            for s in states
+        ]

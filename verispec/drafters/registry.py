@@ -1,0 +1,40 @@
+"""Drafters by name: the one place that knows how to build each (the engine never checks types)."""
+
+from __future__ import annotations
+
+from verispec.drafters.base import Drafter
+from verispec.drafters.composite import CompositeDrafter
+from verispec.drafters.model import ModelDrafter
+from verispec.drafters.ngram import NgramDrafter
+from verispec.errors import ConfigError
+from verispec.models.protocol import LanguageModel
+
+DRAFTER_NAMES = ("model", "ngram", "composite", "none")
+
+
+def make_drafter(
+    name: str,
+    *,
+    draft_model: LanguageModel | None = None,
+    vocab_size: int,
+    vocab_limit: int | None = None,
+    max_batch: int = 8,
+    max_len: int = 4096,
+    ngram_min: int = 2,
+    ngram_max: int = 4,
+) -> Drafter | None:
+    """Build the drafter ``name`` ("none" = plain decoding, returns None)."""
+    if name not in DRAFTER_NAMES:
+        raise ConfigError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    if name == "none":
+        return None
+    if name == "ngram":
+        return NgramDrafter(ngram_min, ngram_max)
+    if draft_model is None:
+        raise ConfigError(f"drafter {name!r} needs a draft model; pass --draft (or use --drafter ngram)")
+    model = ModelDrafter(
+        draft_model, vocab_size=vocab_size, vocab_limit=vocab_limit, max_batch=max_batch, max_len=max_len
+    )
+    if name == "model":
+        return model
+    return CompositeDrafter(NgramDrafter(ngram_min, ngram_max), model)

@@ -1,0 +1,7 @@
+"""The speculative engine: the step loop, continuous batching, the draft-length policy."""
+
+from verispec.engine.engine import Engine, StepRecord
+from verispec.engine.policy import FixedPolicy, MeasuredPolicy
+from verispec.engine.request import RequestOutput
+
+__all__ = ["Engine", "FixedPolicy", "MeasuredPolicy", "RequestOutput", "StepRecord"]

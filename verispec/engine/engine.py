@@ -1,0 +1,379 @@
+"""The speculative engine: draft, verify in one target pass, commit, for a batch of requests.
+
+One step (ARCHITECTURE section 1), for the running batch:
+
+1. the policy picks each request's draft length ``k_b`` (0 = no speculation for it);
+2. the drafter proposes up to ``k_b`` tokens per request (ragged: ``Draft.num_tokens``);
+3. ONE target pass over ``[pending token, draft tokens]`` per request (right-padded, each sequence
+   at its own cache length) gives ``K + 1`` laws per request through :func:`~verispec.sampling.to_probs`;
+4. the acceptance rule keeps a prefix of each draft and emits one more token;
+5. each request's KV cache keeps the pending token plus its accepted tokens (O(1) rollback), the
+   new tokens are committed (EOS, stop strings and max_tokens may end the request inside the
+   block), and the drafter and the policy observe what happened.
+
+Plain decoding is the same loop with K = 0: the same target pass, the same ``to_probs``, the same
+rule with an empty draft, the same randomness. A request's draws come only from its own generator,
+so a seeded request gives the same output batched or alone. Requests join (after a prefill that
+produces their first token) and leave between steps: continuous batching.
+
+Model logits wider than the tokenizer's vocabulary (padded embedding matrices) are cut to the
+tokenizer's vocabulary for every model, so the draft and target laws share one support and no
+undecodable id is ever produced; plain decoding applies the same cut.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from verispec.config import EngineConfig, SamplingParams
+from verispec.drafters.base import BatchView, Drafter
+from verispec.engine.policy import DraftPolicy, make_policy
+from verispec.engine.request import Request, RequestOutput
+from verispec.errors import ConfigError, InputError, VerispecError
+from verispec.models.protocol import LanguageModel
+from verispec.models.tokenizer import Tokenizer
+from verispec.sampling import TokenHistory, make_generator, to_probs
+from verispec.verify import Draft, make_rule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRecord:
+    """Measurements of one decode step (the policy and the benchmarks read these)."""
+
+    batch: int
+    num_passes: int  # sequential draft passes (the largest k of the step)
+    draft_tokens: list[int]
+    accepted: list[int]
+    draft_seconds: float
+    verify_seconds: float
+
+
+def cut_vocab(logits: Tensor, vocab_limit: int) -> Tensor:
+    """Give ids ``>= vocab_limit`` (embedding padding past the tokenizer) probability 0, in place.
+    ``logits`` ``[..., V]``."""
+    if logits.shape[-1] > vocab_limit:
+        logits[..., vocab_limit:] = float("-inf")
+    return logits
+
+
+class Engine:
+    """Speculative (or plain) generation for many requests at once; see the module docstring.
+
+    ``target``: the model whose distribution the output follows. ``drafter``: where draft tokens
+    come from (None = plain decoding). ``tokenizer``: for text prompts, streaming text and stop
+    strings (token ids work without one). ``vocab_limit``: ids the tokenizer defines (default: the
+    tokenizer's size, else the model's logits width).
+    """
+
+    def __init__(
+        self,
+        target: LanguageModel,
+        tokenizer: Tokenizer | None = None,
+        drafter: Drafter | None = None,
+        config: EngineConfig | None = None,
+        *,
+        policy: DraftPolicy | None = None,
+        vocab_limit: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.rule = make_rule(self.config.spec_config(), check_values=False)
+        self.lossless = bool(self.rule.lossless)
+        self.vocab_size = target.config.vocab_size
+        limit = vocab_limit if vocab_limit is not None else (tokenizer.vocab_size if tokenizer else None)
+        self.vocab_limit = min(self.vocab_size, limit) if limit else self.vocab_size
+        if eos_token_ids is None:
+            eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else ()
+            if not eos_token_ids and target.config.eos_token_id is not None:
+                eos_token_ids = (target.config.eos_token_id,)
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.cache = target.new_cache(self.config.max_batch, self.config.max_len)
+        self.policy = policy or make_policy(self.config, speculative=drafter is not None)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.steps: deque[StepRecord] = deque(maxlen=4096)
+        self._ids = itertools.count()
+        self._live: set[str] = set()  # ids of queued and running requests
+
+    # ------------------------------------------------------------------------------ requests
+    def add_request(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queue a request (text, or token ids); returns its id. Checks everything that can be
+        checked before it runs and raises a typed error with a remedy."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ConfigError("this engine has no tokenizer: pass the prompt as token ids")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise InputError("the prompt is empty; give at least one token of text")
+        bad = [t for t in ids if not 0 <= t < self.vocab_limit]
+        if bad:
+            raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_limit})")
+        if len(ids) + params.max_tokens > self.config.max_len:
+            raise ConfigError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of "
+                f"{self.config.max_len} tokens; lower max_tokens or shorten the prompt"
+            )
+        for token in params.logit_bias or {}:
+            if token >= self.vocab_limit:
+                raise ConfigError(
+                    f"logit_bias names token {token}, outside the vocabulary [0, {self.vocab_limit})"
+                )
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._live:
+            raise InputError(f"request id {rid!r} is already in use; request ids must be unique")
+        self._live.add(rid)
+        generator = None if params.greedy else make_generator(params.seed, self.target.device)
+        req = Request(
+            rid, ids, params, generator, self.tokenizer, self.eos_token_ids, self.config.max_len - len(ids)
+        )
+        if params.uses_history:
+            req.history = TokenHistory.from_ids([ids], [[]], self.vocab_size, self.target.device)
+        self.waiting.append(req)
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now (its slot and caches are freed at once). False if unknown."""
+        for req in itertools.chain(self.waiting, self.running):
+            if req.request_id == request_id and not req.finished:
+                req.finish_reason = "abort"
+                self._retire()
+                self.waiting = deque(r for r in self.waiting if not r.finished)
+                self._live.discard(request_id)
+                return True
+        return False
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting) or any(not r.finished for r in self.running)
+
+    # ---------------------------------------------------------------------------------- steps
+    def step(self) -> list[RequestOutput]:
+        """Admit waiting requests (prefill: their first token), then one decode step for the batch."""
+        outputs: list[RequestOutput] = []
+        joining: list[Request] = []
+        while self.waiting and len(self.running) < self.config.max_batch:
+            req = self.waiting.popleft()
+            self.running.append(req)
+            joining.append(req)
+        if joining:
+            outputs.extend(self._prefill(joining))
+        active = [r for r in self.running if not r.finished]
+        if active:
+            outputs.extend(self._decode(active))
+        self._retire()
+        return outputs
+
+    def run(self) -> Iterator[RequestOutput]:
+        """Step until every request has finished, yielding each step's outputs."""
+        while self.has_unfinished():
+            yield from self.step()
+
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run the prompts to completion (batched); final outputs in prompt order."""
+        plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ConfigError(
+                f"got {len(plist)} SamplingParams for {len(prompts)} prompts; pass one or one each"
+            )
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        final: dict[str, RequestOutput] = {}
+        for out in self.run():
+            if out.finished:
+                final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    # -------------------------------------------------------------------------------- prefill
+    def _prefill(self, batch: list[Request]) -> list[RequestOutput]:
+        """Feed the prompts of joining requests (batched, in chunks) and emit their first tokens
+        (plain sampling through the rule, K = 0)."""
+        start = time.perf_counter()
+        try:
+            for req in batch:
+                req.slot = self.cache.add_sequence()
+            last = self._feed_prompts(batch)  # [B, V]
+            empty = self._empty_draft(len(batch))
+            verdict = self.rule.verify(
+                empty, self._laws(last.unsqueeze(1), batch, empty), [r.generator for r in batch]
+            )
+            first = verdict.output_ids[:, 0].tolist()
+        except VerispecError as exc:
+            return [self._fail(req, exc) for req in batch]
+        now = time.perf_counter()
+        outputs = []
+        for req, token in zip(batch, first, strict=True):
+            req.timings.first_token = now
+            req.timings.chunk_times.append(now)
+            req.timings.verify_seconds += now - start
+            try:
+                if self.drafter is not None:
+                    self.drafter.begin(req.request_id, req.prompt_ids)
+                    self.drafter.observe(req.request_id, [token])
+                outputs.append(self._commit(req, [token]))
+            except Exception as exc:  # one request's failure must not take the others down
+                log.exception("request %s failed after prefill", req.request_id)
+                outputs.append(self._fail(req, exc))
+        return outputs
+
+    def _feed_prompts(self, batch: list[Request]) -> Tensor:
+        """Run every prompt through the target in chunks of ``prefill_chunk`` tokens (ragged rows,
+        right-padded); return the logits ``[B, V]`` after each prompt's last token."""
+        device = self.target.device
+        chunk = self.config.prefill_chunk
+        lengths = [len(r.prompt_ids) for r in batch]
+        last: list[Tensor | None] = [None] * len(batch)
+        for offset in range(0, max(lengths), chunk):
+            rows = [i for i, n in enumerate(lengths) if n > offset]
+            pieces = [batch[i].prompt_ids[offset : offset + chunk] for i in rows]
+            width = max(len(p) for p in pieces)
+            tokens = torch.zeros((len(rows), width), dtype=torch.long)
+            for j, piece in enumerate(pieces):
+                tokens[j, : len(piece)] = torch.tensor(piece, dtype=torch.long)
+            num_new = [len(p) for p in pieces]
+            at = torch.tensor([[n - 1] for n in num_new], device=device)
+            slots = [batch[i].cache_slot for i in rows]
+            logits = self.target.forward(
+                tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=at
+            )  # [R, 1, V]
+            for j, i in enumerate(rows):
+                if lengths[i] <= offset + chunk:
+                    last[i] = logits[j, 0]
+        return torch.stack([t for t in last if t is not None])
+
+    # --------------------------------------------------------------------------------- decode
+    def _decode(self, batch: list[Request]) -> list[RequestOutput]:
+        budgets = [r.max_output - len(r.output_ids) - 1 for r in batch]  # drafting past max_tokens is waste
+        ks = self.policy.draft_lengths(batch, budgets) if self.drafter is not None else [0] * len(batch)
+        start = time.perf_counter()
+        if self.drafter is not None and any(ks):
+            view = BatchView(
+                [r.request_id for r in batch], [r.context for r in batch], [r.params for r in batch],
+                [r.generator for r in batch],
+            )  # fmt: skip
+            draft = self.drafter.propose(view, ks)
+        else:
+            draft = self._empty_draft(len(batch))
+        drafted = time.perf_counter()
+        counts = draft.num_tokens.tolist()  # host ints: drafters build drafts on the host
+        device = self.target.device
+        pending = torch.tensor([[r.pending] for r in batch], dtype=torch.long, device=device)  # [B, 1]
+        tokens = torch.cat([pending, draft.token_ids.to(device).clamp_min(0)], dim=1)  # [B, K + 1]
+        slots = [r.cache_slot for r in batch]
+        logits = self.target.forward(
+            tokens,
+            None,
+            self.cache,
+            num_new=[1 + n for n in counts],
+            slots=slots,
+        )  # [B, K + 1, V] fp32
+        draft = self._on_device(draft, device)
+        probs = self._laws(logits, batch, draft)
+        verdict = self.rule.verify(draft, probs, [r.generator for r in batch])
+        accepted = verdict.num_accepted.tolist()
+        rows = verdict.tokens()
+        self.cache.keep_step_prefix([1 + a for a in accepted], slots)
+        done = time.perf_counter()
+        self.steps.append(
+            StepRecord(len(batch), draft.max_tokens, counts, accepted, drafted - start, done - drafted)
+        )
+        self.policy.observe(batch, counts, accepted, drafted - start, done - drafted)
+
+        outputs = []
+        for req, n_draft, n_acc, new in zip(batch, counts, accepted, rows, strict=True):
+            try:
+                req.stats.observe(n_draft, n_acc)
+                req.timings.steps += 1
+                req.timings.draft_seconds += drafted - start
+                req.timings.verify_seconds += done - drafted
+                req.timings.chunk_times.append(done)
+                if self.drafter is not None:
+                    self.drafter.observe(req.request_id, new)
+                outputs.append(self._commit(req, new))
+            except Exception as exc:  # one request's failure must not take the batch down
+                log.exception("request %s failed while committing", req.request_id)
+                outputs.append(self._fail(req, exc))
+        return outputs
+
+    def _laws(self, logits: Tensor, batch: list[Request], draft: Draft) -> Tensor:
+        """``[B, K + 1, V]`` target laws for ``logits`` ``[B, K + 1, V]`` (the one to_probs path)."""
+        b, t, v = logits.shape
+        cut_vocab(logits, self.vocab_limit)
+        params = [r.params for r in batch for _ in range(t)]
+        history = None
+        if any(r.params.uses_history for r in batch):
+            rows = [r.history if r.history is not None else self._blank_history() for r in batch]
+            base = TokenHistory(
+                torch.cat([h.output_counts for h in rows]), torch.cat([h.prompt_mask for h in rows])
+            )
+            history = base.for_verification(draft.token_ids.to(logits.device)) if t > 1 else base
+        return to_probs(logits.reshape(b * t, v), params, history).reshape(b, t, v)
+
+    def _blank_history(self) -> TokenHistory:
+        zeros = torch.zeros((1, self.vocab_size), dtype=torch.int32, device=self.target.device)
+        return TokenHistory(zeros, zeros.bool())
+
+    def _empty_draft(self, batch: int) -> Draft:
+        device = self.target.device
+        return Draft(
+            torch.empty((batch, 0), dtype=torch.long, device=device),
+            torch.zeros(batch, dtype=torch.long, device=device),
+        )
+
+    @staticmethod
+    def _on_device(draft: Draft, device: torch.device) -> Draft:
+        if draft.token_ids.device == device:
+            return draft
+        probs = None if draft.probs is None else draft.probs.to(device)
+        return Draft(draft.token_ids.to(device), draft.num_tokens.to(device), probs)
+
+    # -------------------------------------------------------------------------------- commits
+    def _commit(self, req: Request, tokens: Sequence[int]) -> RequestOutput:
+        added, delta = req.commit(tokens)
+        if req.history is not None and added:
+            ids = torch.tensor([added], dtype=torch.long, device=req.history.output_counts.device)
+            req.history = req.history.extended(ids)
+        req.pending = tokens[-1] if tokens else req.pending
+        if req.finished:
+            req.timings.finished = time.perf_counter()
+        return req.output(added, delta, self.lossless)
+
+    def _fail(self, req: Request, exc: BaseException) -> RequestOutput:
+        req.finish_reason = "error"
+        req.error = f"{type(exc).__name__}: {exc}"
+        req.timings.finished = time.perf_counter()
+        return req.output([], "", self.lossless)
+
+    def _retire(self) -> None:
+        """Free the slots and drafter state of finished requests."""
+        keep = []
+        for req in self.running:
+            if not req.finished:
+                keep.append(req)
+                continue
+            if req.slot is not None:
+                self.cache.remove_sequence(req.slot)
+                req.slot = None
+            if self.drafter is not None:
+                self.drafter.end(req.request_id)
+            self._live.discard(req.request_id)
+        self.running = keep
