@@ -40,14 +40,21 @@ _EXPORTS = {
     "TypicalRule": "verispec.verify",
     "Verdict": "verispec.verify",
     "SpecStats": "verispec.metrics",
+    "EngineConfig": "verispec.config",
+    "Engine": "verispec.engine",
+    "RequestOutput": "verispec.engine",
+    "generate": "verispec.engine.api",
 }
 
 __all__ = [
     "ConfigError",
     "Draft",
+    "Engine",
+    "EngineConfig",
     "GreedyRule",
     "InputError",
     "RejectionRule",
+    "RequestOutput",
     "SamplingParams",
     "SpecConfig",
     "SpecStats",
@@ -56,13 +63,16 @@ __all__ = [
     "Verdict",
     "VerispecError",
     "__version__",
+    "generate",
     "make_generator",
     "sample",
     "to_probs",
 ]
 
 if TYPE_CHECKING:
-    from verispec.config import SamplingParams, SpecConfig
+    from verispec.config import EngineConfig, SamplingParams, SpecConfig
+    from verispec.engine import Engine, RequestOutput
+    from verispec.engine.api import generate
     from verispec.errors import ConfigError, InputError, VerispecError
     from verispec.metrics import SpecStats
     from verispec.sampling import TokenHistory, make_generator, sample, to_probs

@@ -101,11 +101,9 @@ class ModelDrafter:
             raise InputError(f"unknown request {request_id!r}: call begin() first") from None
 
     # ------------------------------------------------------------------------------- drafting
-    def _feed(
-        self, states: Sequence[_State], pieces: Sequence[Sequence[int]], logits: bool = True
-    ) -> Tensor | None:
-        """Append ``pieces[i]`` to ``states[i]``'s cache in one pass; logits ``[R, V]`` fp32 of
-        each row's last token (the law of its next token) when asked."""
+    def _feed(self, states: Sequence[_State], pieces: Sequence[Sequence[int]]) -> Tensor:
+        """Append ``pieces[i]`` to ``states[i]``'s cache in one pass; return the logits ``[R, V]``
+        fp32 after each row's last token (the law of its next token)."""
         device = self.model.device
         width = max(len(p) for p in pieces)
         tokens = torch.full((len(pieces), width), 0, dtype=torch.long)
@@ -137,6 +135,7 @@ class ModelDrafter:
             logits[:, self.vocab_limit :] = float("-inf")
         return logits
 
+    @torch.inference_mode()
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
         n = len(batch)
         k_max = max(max_tokens, default=0)

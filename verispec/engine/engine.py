@@ -164,6 +164,7 @@ class Engine:
         return bool(self.waiting) or any(not r.finished for r in self.running)
 
     # ---------------------------------------------------------------------------------- steps
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Admit waiting requests (prefill: their first token), then one decode step for the batch."""
         outputs: list[RequestOutput] = []

@@ -22,6 +22,7 @@ from verispec.models.protocol import LanguageModel
 from verispec.sampling import TokenHistory, to_probs
 
 
+@torch.inference_mode()
 def exact_prefix_law_lm(
     model: LanguageModel,
     params: SamplingParams,

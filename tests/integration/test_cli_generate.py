@@ -1,0 +1,78 @@
+"""`verispec generate` end to end on tiny GGUF models written in the test (no downloads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.unit.tiny_gguf import TinySpec, write_tiny
+from verispec.cli import main
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("models")
+    target, draft = root / "target.gguf", root / "draft.gguf"
+    write_tiny(target, TinySpec(seed=1))
+    write_tiny(draft, TinySpec(seed=2))
+    return target, draft
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "composite", "none"])
+def test_generate_json(pair: tuple[Path, Path], drafter: str, capsys: pytest.CaptureFixture[str]) -> None:
+    target, draft = pair
+    code = main(
+        ["generate", "hello world", "--target", str(target), "--draft", str(draft), "--drafter", drafter,
+         "--k", "3", "--max-tokens", "12", "--dtype", "fp32", "--json"]
+    )  # fmt: skip
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) <= 12 and out["finish_reason"] in ("stop", "length")
+    assert set(out["spec"]) >= {"acceptance_rate", "mean_acceptance_length", "acceptance_per_position"}
+    assert out["lossless"] is True
+    # spec on and spec off give the same greedy text
+    plain_args = ["--drafter", "none", "--max-tokens", "12", "--dtype", "fp32", "--json"]
+    code = main(["generate", "hello world", "--target", str(target), *plain_args])
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["token_ids"] == out["token_ids"]
+
+
+def test_generate_streams_text_then_stats(
+    pair: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = pair
+    code = main(
+        ["generate", "hi", "--target", str(target), "--draft", str(draft), "--max-tokens", "8", "--chat"]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "acceptance rate" in out and "mean acceptance length" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--drafter", "nope"], "invalid choice"),
+        (["--k", "-1"], "--k"),
+        (["--temperature", "-1"], "temperature"),
+        (["--max-tokens", "100000"], "context"),
+        (["--target", "/no/such/model.gguf"], "neither a known model"),
+        (["--device", "tpu"], "unknown device"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    pair: tuple[Path, Path], args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = pair
+    base = ["generate", "hello", "--target", str(target), "--draft", str(draft), "--dtype", "fp32"]
+    try:
+        code = main(base + args)
+    except SystemExit as exc:  # argparse usage errors exit from inside the parser
+        code = exc.code  # type: ignore[assignment]
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1
+    assert "Traceback" not in err

