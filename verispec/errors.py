@@ -32,3 +32,9 @@ class UnsupportedModelError(ModelLoadError):
     """A well-formed model file that uses something verispec does not implement: an architecture,
     a quantisation type, a tokenizer model or pre-tokenizer. The message names what was found and
     lists what is supported."""
+
+
+class IncompatibleModelsError(VerispecError, ValueError):
+    """A draft model cannot propose tokens for a target model: their tokenizers differ (vocabulary
+    size, the text of some token id, or the special tokens). The message names both sizes and the
+    first differing token id with both texts; pick a draft from the target's model family."""

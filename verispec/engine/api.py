@@ -21,6 +21,7 @@ from verispec.errors import ConfigError
 from verispec.models.loader import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
+    DTypeName,
     LoadedModel,
     ProgressFn,
     check_compatible,
@@ -56,8 +57,8 @@ def build(
     *,
     drafter: str = "model",
     k: int | None = None,
-    dtype: str = "bf16",
-    draft_dtype: str | None = None,
+    dtype: DTypeName = "bf16",
+    draft_dtype: DTypeName | None = None,
     device: str = "cpu",
     max_batch: int = 8,
     max_len: int = 4096,
@@ -76,13 +77,13 @@ def build(
     config = EngineConfig(
         max_batch=max_batch, max_len=max_len, num_draft_tokens=k, rule=rule, allow_lossy=allow_lossy
     )
-    target_model = load_model(target, dtype=dtype, device=device, progress=progress)  # type: ignore[arg-type]
+    target_model = load_model(target, dtype=dtype, device=device, progress=progress)
     draft_model = None
     vocab = target_model.vocab_size
     if drafter in ("model", "composite"):
         if draft is None:
             raise ConfigError(f"drafter {drafter!r} needs a draft model; pass one or use the ngram drafter")
-        draft_model = load_model(draft, dtype=draft_dtype or dtype, device=device, progress=progress)  # type: ignore[arg-type]
+        draft_model = load_model(draft, dtype=draft_dtype or dtype, device=device, progress=progress)
         vocab = check_compatible(target_model, draft_model).vocab_size
     d = make_drafter(
         drafter,
@@ -104,7 +105,7 @@ def generate(
     draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
     drafter: str = "model",
     k: int | None = None,
-    dtype: str = "bf16",
+    dtype: DTypeName = "bf16",
     device: str = "cpu",
     chat: bool = False,
 ) -> list[RequestOutput]:

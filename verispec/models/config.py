@@ -18,7 +18,9 @@ Model family facts this dataclass encodes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from verispec.errors import ConfigError
 
@@ -100,3 +102,48 @@ class ModelConfig:
     def num_kv_groups(self) -> int:
         """Query heads per key/value head."""
         return self.num_heads // self.num_kv_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON-able data (``rope_scaling`` as a dict or ``None``, its
+        ``extra`` as ``[key, value]`` pairs); :meth:`from_dict` inverts it exactly."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        scaling = self.rope_scaling
+        out["rope_scaling"] = (
+            None
+            if scaling is None
+            else {
+                "type": scaling.type,
+                "factor": scaling.factor,
+                "original_max_position": scaling.original_max_position,
+                "extra": [[key, value] for key, value in scaling.extra],
+            }
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
+        """The config :meth:`to_dict` wrote. Unknown keys and bad values raise :class:`ConfigError`
+        (the file was written by another program or a newer verispec)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"ModelConfig has no fields {unknown}; the data was not written by ModelConfig.to_dict "
+                f"of this verispec version"
+            )
+        values = dict(data)
+        scaling = values.get("rope_scaling")
+        if scaling is not None:
+            try:
+                values["rope_scaling"] = RopeScaling(
+                    type=str(scaling["type"]),
+                    factor=float(scaling["factor"]),
+                    original_max_position=scaling.get("original_max_position"),
+                    extra=tuple((str(key), value) for key, value in scaling.get("extra", ())),
+                )
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ConfigError(f"ModelConfig.rope_scaling is malformed: {scaling!r} ({exc})") from exc
+        try:
+            return cls(**values)
+        except TypeError as exc:  # a required field is missing
+            raise ConfigError(f"incomplete ModelConfig data: {exc}") from exc

@@ -1,0 +1,139 @@
+"""load_model / load_pair on tiny models: prepared (bf16 from safetensors, fp32 from the GGUF), a
+direct .gguf path, a prepared folder path, a Hugging Face folder (through a stand-in hf module), and
+the errors that tell the user what to do."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+from tests.unit.fake_parts import FakeModel, install_fake_model
+from tests.unit.tiny_gguf import TinySpec
+from verispec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
+from verispec.models import registry
+from verispec.models.convert import save_tokenizer
+from verispec.models.gguf import load_gguf
+from verispec.models.loader import LoadedModel, load_model, load_pair
+from verispec.models.tokenizer import Tokenizer
+from verispec.models.transformer import Transformer
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeModel:
+    fake = install_fake_model(tmp_path, monkeypatch)
+    registry.prepare(fake.name)
+    return fake
+
+
+def logits(m: LoadedModel | Transformer, ids: list[int]) -> torch.Tensor:
+    model = m.model if isinstance(m, LoadedModel) else m
+    return model(torch.tensor([ids]), None, model.new_cache(1, 32))
+
+
+def test_prepared_bf16_loads_the_safetensors_exactly(fake: FakeModel) -> None:
+    loaded = load_model(fake.name)
+    assert loaded.name == fake.name and loaded.dtype == torch.bfloat16
+    assert loaded.source == fake.folder / "bf16.safetensors" and loaded.load_seconds > 0
+    config, state = load_gguf(fake.gguf, torch.bfloat16)
+    assert loaded.config == config
+    assert loaded.logits_width == config.vocab_size and loaded.vocab_size == config.vocab_size - 1
+    reference = Transformer(config, state, dtype=torch.bfloat16)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[name], tensor), name
+    ids = loaded.tokenizer.encode("the def 1 in")
+    assert ids == Tokenizer.from_gguf(fake.gguf).encode("the def 1 in")
+    assert torch.equal(logits(loaded, ids), logits(reference, ids))
+
+
+def test_prepared_fp32_dequantises_the_gguf(fake: FakeModel) -> None:
+    stages: list[tuple[str, int, int]] = []
+    loaded = load_model(fake.name, dtype="fp32", progress=lambda *a: stages.append(a))
+    assert loaded.dtype == torch.float32 and loaded.source == fake.folder / "model.gguf"
+    assert stages and stages[-1][0] == "load" and stages[-1][1] == stages[-1][2]
+    config, state = load_gguf(fake.gguf, torch.float32)
+    for name, tensor in Transformer(config, state).state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[name], tensor), name
+
+
+def test_direct_gguf_and_prepared_folder_paths(fake: FakeModel) -> None:
+    direct = load_model(fake.gguf, dtype="fp32")
+    assert direct.name == fake.gguf.stem and direct.source == fake.gguf
+    assert direct.vocab_size == direct.logits_width - 1
+    by_folder = load_model(str(fake.folder))
+    assert by_folder.name == fake.name and by_folder.source == fake.folder / "bf16.safetensors"
+    ids = direct.tokenizer.encode("hello the world")
+    assert torch.equal(logits(load_model(fake.gguf), ids), logits(by_folder, ids))
+
+
+def test_not_prepared_says_how_to_prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = install_fake_model(tmp_path, monkeypatch, name="tiny-unprepared")
+    with pytest.raises(ModelLoadError, match="run `verispec models prepare tiny-unprepared`"):
+        load_model(fake.name)
+    registry.prepare(fake.name)
+    (fake.folder / "prepared.json").unlink()  # interrupted
+    with pytest.raises(ModelLoadError, match="is not prepared"):
+        load_model(fake.name)
+    (fake.folder / "prepared.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="incomplete prepared model"):
+        load_model(fake.folder)
+
+
+def test_bad_specs(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="neither a known model"):
+        load_model(tmp_path / "nothing.gguf")
+    with pytest.raises(ModelLoadError, match="neither a prepared verispec model"):
+        load_model(tmp_path)
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelLoadError):
+        load_model(tmp_path / "junk.gguf")
+    with pytest.raises(ConfigError, match="dtype must be one of bf16, fp32"):
+        load_model(tmp_path, dtype="fp16")  # type: ignore[arg-type]
+
+
+def test_damaged_prepared_files(fake: FakeModel) -> None:
+    config = fake.folder / "config.json"
+    data = json.loads(config.read_text())
+    config.write_text(json.dumps(data | {"format": "other/9"}).ljust(config.stat().st_size))
+    with pytest.raises(ModelLoadError, match="--force"):
+        load_model(fake.name)
+
+
+def test_hugging_face_folder_goes_through_hf_module(
+    fake: FakeModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "hf-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    save_tokenizer(Tokenizer.from_gguf(fake.gguf), folder)
+    calls = []
+
+    def load_hf_folder(path: Path, dtype: torch.dtype, device: str) -> tuple[object, dict[str, torch.Tensor]]:
+        calls.append((Path(path), dtype, device))
+        return load_gguf(fake.gguf, dtype)
+
+    monkeypatch.setitem(
+        sys.modules, "verispec.models.hf", types.SimpleNamespace(load_hf_folder=load_hf_folder)
+    )
+    loaded = load_model(folder, dtype="fp32")
+    assert calls == [(folder, torch.float32, "cpu")]
+    assert loaded.name == "hf-model" and loaded.source == folder and loaded.dtype == torch.float32
+    assert loaded.vocab_size == loaded.tokenizer.vocab_size == loaded.logits_width  # HF: no GGUF types
+
+
+def test_load_pair_checks_compatibility(fake: FakeModel, tmp_path: Path) -> None:
+    target, draft = load_pair(fake.gguf, fake.name)
+    assert target.vocab_size == draft.vocab_size
+    from tests.unit.tiny_gguf import write_tiny
+
+    other = tmp_path / "other.gguf"
+    start = Tokenizer.from_gguf(fake.gguf).token_to_id("<|im_start|>")
+    write_tiny(other, TinySpec(metadata={"tokenizer.ggml.eot_token_id": start}))  # one more stop id
+    with pytest.raises(IncompatibleModelsError, match="stop ids"):
+        load_pair(fake.gguf, other)

@@ -1,0 +1,229 @@
+"""Load a model for the engine, whatever form it comes in: ``load_model(spec)`` -> :class:`LoadedModel`.
+
+``spec`` is one of:
+
+- a registry name (:mod:`verispec.models.registry`, e.g. ``qwen2.5-coder-1.5b-instruct``) of a
+  prepared model: bf16 maps ``bf16.safetensors`` (seconds; pages come in on first use, shared with
+  the page cache), fp32 dequantises ``model.gguf`` (exact values, slower); the config and
+  tokenizer come from the folder's JSON files. A registered model that is not prepared raises
+  :class:`ModelLoadError` telling the user to run ``verispec models prepare NAME``;
+- a path to a prepared folder (one holding ``prepared.json``), loaded the same way;
+- a path to a ``.gguf`` file, dequantised directly to the requested dtype;
+- a path to a Hugging Face folder (``config.json``, ``*.safetensors``, ``tokenizer.json``), read by
+  :func:`verispec.models.hf.load_hf_folder` and :meth:`Tokenizer.from_hf_folder`.
+
+A registry name wins over a folder of the same name in the current directory; write ``./NAME``
+for the folder. :func:`load_pair` loads a target and its draft and checks that their vocabularies
+pair (:func:`verispec.models.vocab.check_compatible`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from verispec.errors import ConfigError, ModelLoadError
+from verispec.models.config import ModelConfig
+from verispec.models.files import ProgressFn, read_json
+from verispec.models.registry import (
+    CONFIG_FILE,
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    GGUF_FILE,
+    MARKER_FILE,
+    MODELS,
+    WEIGHTS_FILE,
+    get_entry,
+    model_dir,
+    read_marker,
+)
+from verispec.models.tokenizer import Tokenizer
+from verispec.models.transformer import Transformer
+from verispec.models.vocab import SharedVocab, check_compatible
+
+logger = logging.getLogger(__name__)
+
+DTypeName = Literal["bf16", "fp32"]
+# What each source loader returns: config, runtime, tokenizer, file read, tokenizer vocabulary size.
+_Loaded = tuple[ModelConfig, Transformer, Tokenizer, Path, int]
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+__all__ = [
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
+    "DTYPES",
+    "LoadedModel",
+    "ProgressFn",
+    "SharedVocab",
+    "check_compatible",
+    "load_model",
+    "load_pair",
+]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to run: the runtime, its tokenizer and where they came from.
+
+    ``vocab_size`` is the number of ids the tokenizer really defines; ``logits_width``
+    (``config.vocab_size``) the number of logits columns the model returns, which may be larger
+    (padded embeddings). See :mod:`verispec.models.vocab` for how the engine reconciles them.
+    """
+
+    name: str  # registry name, or the file / folder name
+    config: ModelConfig
+    model: Transformer
+    tokenizer: Tokenizer
+    source: Path  # the weights file (or folder) actually read
+    dtype: torch.dtype
+    load_seconds: float
+    vocab_size: int  # ids the tokenizer defines (padding placeholders excluded), <= logits_width
+
+    @property
+    def logits_width(self) -> int:
+        """Columns of the logits the model returns (rows of its LM head)."""
+        return self.config.vocab_size
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def _stage(progress: ProgressFn | None) -> Callable[[str, int, int], None] | None:
+    """GGUFModel.state_dict's per-tensor callback, reported as the "load" stage."""
+    if progress is None:
+        return None
+    return lambda _name, done, total: progress("load", done, total)
+
+
+def _load_prepared(
+    folder: Path, name: str, dtype: torch.dtype, device: str, progress: ProgressFn | None
+) -> _Loaded:
+    from verispec.models.convert import CONFIG_FORMAT, load_safetensors
+
+    data = read_json(folder / CONFIG_FILE)
+    if data.get("format") != CONFIG_FORMAT:
+        raise ModelLoadError(
+            f"{folder / CONFIG_FILE}: written by another verispec version ({data.get('format')!r}); "
+            f"run `verispec models prepare {name} --force`"
+        )
+    try:
+        config = ModelConfig.from_dict(data["model_config"])
+        vocab_size = int(data["tokenizer_vocab_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(
+            f"{folder / CONFIG_FILE}: malformed ({exc}); run `verispec models prepare {name} --force`"
+        ) from exc
+    if dtype == torch.bfloat16:
+        source = folder / WEIGHTS_FILE
+        state = load_safetensors(source)
+    else:
+        from verispec.models.gguf import GGUFModel
+
+        source = folder / GGUF_FILE
+        state = GGUFModel(source).state_dict(dtype, progress=_stage(progress))
+    model = Transformer(config, state, dtype=dtype, device=device)
+    return config, model, Tokenizer.from_hf_folder(folder), source, vocab_size
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device: str, progress: ProgressFn | None) -> _Loaded:
+    from verispec.models.gguf import GGUFModel
+    from verispec.models.vocab import gguf_vocab_size
+
+    gguf = GGUFModel(path)
+    model = Transformer(
+        gguf.config, gguf.state_dict(dtype, progress=_stage(progress)), dtype=dtype, device=device
+    )
+    return gguf.config, model, Tokenizer.from_gguf(gguf.file), path, gguf_vocab_size(gguf.file)
+
+
+def _load_hf(path: Path, dtype: torch.dtype, device: str) -> _Loaded:
+    from verispec.models.hf import load_hf_folder  # written separately; imported only when needed
+
+    config, state = load_hf_folder(path, dtype, device)
+    model = Transformer(config, state, dtype=dtype, device=device)
+    tokenizer = Tokenizer.from_hf_folder(path)
+    return config, model, tokenizer, path, tokenizer.vocab_size
+
+
+def load_model(
+    spec: str | os.PathLike[str],
+    *,
+    dtype: DTypeName = "bf16",
+    device: str = "cpu",
+    progress: ProgressFn | None = None,
+    home: Path | None = None,
+) -> LoadedModel:
+    """Load ``spec`` (a registry name or a path; see the module docstring) in ``dtype`` ("bf16" or
+    "fp32") on ``device``. ``progress("load", done, total)`` follows dequantisation (GGUF sources);
+    ``home`` overrides ``$VERISPEC_HOME`` for registry names.
+    Raises :class:`ModelLoadError` (and its subclass :class:`UnsupportedModelError`) with the fix."""
+    torch_dtype = _torch_dtype(dtype)
+    start = time.perf_counter()
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if text in MODELS:
+        folder = model_dir(text, home)
+        if read_marker(folder, get_entry(text)) is None:
+            raise ModelLoadError(
+                f"model {text!r} is not prepared (no complete {folder}); run `verispec models prepare {text}`"
+            )
+        name = text
+        loaded = _load_prepared(folder, text, torch_dtype, device, progress)
+    elif path.is_file():
+        name = path.stem
+        loaded = _load_gguf(path, torch_dtype, device, progress)
+    elif path.is_dir() and (path / MARKER_FILE).exists():
+        name = path.name
+        if read_marker(path) is None:
+            raise ModelLoadError(
+                f"{path} is an incomplete prepared model (interrupted or damaged); prepare it again with "
+                f"`verispec models prepare {path.name} --force`"
+            )
+        loaded = _load_prepared(path, path.name, torch_dtype, device, progress)
+    elif path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        name = path.name
+        loaded = _load_hf(path, torch_dtype, device)
+    elif path.is_dir():
+        raise ModelLoadError(
+            f"{path} is neither a prepared verispec model (prepared.json) nor a Hugging Face model folder "
+            f"(config.json, *.safetensors, tokenizer.json); point at a .gguf file or one of those"
+        )
+    else:
+        raise ModelLoadError(
+            f"{text!r} is neither a known model ({', '.join(MODELS)}) nor an existing .gguf file or model "
+            f"folder; see `verispec models list`"
+        )
+    config, model, tokenizer, source, vocab_size = loaded
+    if vocab_size > config.vocab_size:
+        raise ModelLoadError(
+            f"{source}: the tokenizer defines {vocab_size} ids but the model has only {config.vocab_size} "
+            f"embedding rows; the tokenizer does not belong to this model"
+        )
+    seconds = time.perf_counter() - start
+    logger.info("loaded %s from %s as %s in %.2f s", name, source, dtype, seconds)
+    return LoadedModel(name, config, model, tokenizer, Path(source), torch_dtype, seconds, vocab_size)
+
+
+def load_pair(
+    target_spec: str | os.PathLike[str] = DEFAULT_TARGET,
+    draft_spec: str | os.PathLike[str] = DEFAULT_DRAFT,
+    **kwargs: Any,
+) -> tuple[LoadedModel, LoadedModel]:
+    """``(target, draft)``, each loaded by :func:`load_model` with the same keyword arguments, and
+    checked to pair by :func:`check_compatible` (:class:`IncompatibleModelsError` otherwise). The
+    engine should keep ``check_compatible(target, draft).vocab_size`` to restrict both models'
+    logits (see :mod:`verispec.models.vocab`)."""
+    target = load_model(target_spec, **kwargs)
+    draft = load_model(draft_spec, **kwargs)
+    check_compatible(target, draft)
+    return target, draft
