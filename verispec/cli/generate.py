@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from typing import Any
@@ -169,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
 def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     """Everything the command shows, as plain data."""
     from verispec.analysis import speedup
+    from verispec.bench.runner import alpha_from_positions
 
     stats = final.stats
     drafted_steps = [r for r in records if r.num_passes > 0]
@@ -179,7 +179,7 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
         verify = sum(r.verify_seconds for r in drafted_steps) / len(drafted_steps)
         c = draft_pass / verify if verify > 0 else None
     mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
-    alpha = _alpha_from_positions(stats.acceptance_per_position)
+    alpha = alpha_from_positions(stats.acceptance_per_position)
     predicted = (
         speedup(alpha, round(mean_k), c)
         if c is not None and alpha is not None and round(mean_k) > 0
@@ -202,15 +202,6 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
         "predicted_speedup": predicted,
         "steps": {"speculative": len(drafted_steps), "plain": len(plain_steps)},
     }
-
-
-def _alpha_from_positions(per_pos: list[float]) -> float | None:
-    """Per-token acceptance alpha of the i.i.d. model from the acceptance per position: the mean
-    ratio of consecutive survival fractions (position 0 against 1)."""
-    if not per_pos:
-        return None
-    ratios = [per_pos[0]] + [b / a for a, b in itertools.pairwise(per_pos) if a > 0]
-    return sum(ratios) / len(ratios)
 
 
 def print_report(summary: dict[str, Any], console: Any) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks: prompt sets, spec-on vs spec-off measurement, reports and plots."""
