@@ -56,9 +56,7 @@ def measure(path: str, dtype_name: str, threads: int, repeat: int) -> dict[str, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default=os.environ.get("VERISPEC_TEST_GGUF_DIR", "/tmp/verispec-models"))
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])

@@ -105,9 +105,7 @@ def main() -> None:
         rule = RejectionRule(check_values=checked)
         tag = "checked" if checked else "check_values=False"
         for what, draft in (("model draft probs", model_draft), ("probs=None", point_draft)):
-            cases.append(
-                (f"RejectionRule, {what}, {tag}", lambda r=rule, d=draft: r.verify(d, target_probs, gens))
-            )
+            cases.append((f"RejectionRule, {what}, {tag}", lambda r=rule, d=draft: r.verify(d, target_probs, gens)))
     greedy = GreedyRule()
     cases += [
         ("GreedyRule (for reference), checked", lambda: greedy.verify(point_draft, target_probs, gens)),
@@ -137,9 +135,7 @@ def main() -> None:
         )
     print()
     width = max(len(label) for label, _ in rows)
-    header = f"{'operation':<{width}}  {'time (ms)':>10}" + "".join(
-        f"  {'÷ ' + name + ' step':>14}" for name in decode
-    )
+    header = f"{'operation':<{width}}  {'time (ms)':>10}" + "".join(f"  {'÷ ' + name + ' step':>14}" for name in decode)
     print(header)
     print("-" * len(header))
     for label, sec in rows:

@@ -62,9 +62,7 @@ def _real(value: Any) -> float:
 def _alpha(value: Any) -> float:
     a = _real(value)
     if not 0.0 <= a <= 1.0:
-        raise ConfigError(
-            f"alpha (per-token acceptance probability) must be a number in [0, 1], got {value!r}"
-        )
+        raise ConfigError(f"alpha (per-token acceptance probability) must be a number in [0, 1], got {value!r}")
     return a
 
 

@@ -298,9 +298,7 @@ def grid(
 ) -> list[CertificationCase]:
     """The product of the given values, one case each; the prefix is ``K + prefix_extra`` long."""
     if prefix_extra < 1:
-        raise ConfigError(
-            "the tested prefix must be longer than K (prefix_extra >= 1), or bonus tokens go untested"
-        )
+        raise ConfigError("the tested prefix must be longer than K (prefix_extra >= 1), or bonus tokens go untested")
     base = base or SamplingParams()
     cases = []
     for k in ks:
@@ -361,11 +359,13 @@ class EngineCase:
     params: SamplingParams
     prefix_len: int
     rule: str = "rejection"
+    draft_head: int | None = None  # restrict the draft model's head to the first N ids
 
     def label(self) -> str:
         k = "auto" if self.k is None else str(self.k)
+        head = f" head={self.draft_head}" if self.draft_head is not None else ""
         return (
-            f"engine {self.rule}/{self.drafter} K={k} n={self.prefix_len} "
+            f"engine {self.rule}/{self.drafter}{head} K={k} n={self.prefix_len} "
             + CertificationCase("rejection", "model", 1, self.params, self.prefix_len).sampling_label()
         )
 
@@ -406,7 +406,7 @@ def certify_engine_case(
     # Prompt lookup from single tokens up: on a tiny vocabulary every token has occurred before.
     drafter = make_drafter(
         case.drafter, draft_model=draft, vocab_size=vocab_size, max_batch=batch, max_len=max_len + 16,
-        ngram_min=1, ngram_max=3,
+        ngram_min=1, ngram_max=3, draft_head=case.draft_head,
     )  # fmt: skip
     engine = Engine(target, None, drafter, config)
     if broken_rule is not None:

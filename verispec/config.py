@@ -72,16 +72,12 @@ class SamplingParams:
             raise ConfigError(f"min_p must be in [0, 1] (0 turns it off), got {self.min_p!r}")
         r = _finite("repetition_penalty", self.repetition_penalty)
         if r <= 0:
-            raise ConfigError(
-                f"repetition_penalty must be > 0 (1 turns it off), got {self.repetition_penalty!r}"
-            )
+            raise ConfigError(f"repetition_penalty must be > 0 (1 turns it off), got {self.repetition_penalty!r}")
         _finite("presence_penalty", self.presence_penalty)
         _finite("frequency_penalty", self.frequency_penalty)
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
-                raise ConfigError(
-                    f"logit_bias must map token ids to biases, got {type(self.logit_bias).__name__}"
-                )
+                raise ConfigError(f"logit_bias must map token ids to biases, got {type(self.logit_bias).__name__}")
             for token, bias in self.logit_bias.items():
                 if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                     raise ConfigError(f"logit_bias keys must be token ids >= 0, got {token!r}")
@@ -132,8 +128,7 @@ class SpecConfig:
         k = _integer("num_draft_tokens", self.num_draft_tokens)
         if k < 1:
             raise ConfigError(
-                f"num_draft_tokens (K) must be >= 1, got {k}; "
-                "to turn speculation off, decode without a drafter"
+                f"num_draft_tokens (K) must be >= 1, got {k}; to turn speculation off, decode without a drafter"
             )
         if self.rule not in RULE_NAMES:
             raise ConfigError(f"unknown acceptance rule {self.rule!r}; choose one of {', '.join(RULE_NAMES)}")
@@ -181,9 +176,7 @@ class EngineConfig:
         if self.num_draft_tokens is not None:
             k = _integer("num_draft_tokens", self.num_draft_tokens)
             if k < 0:
-                raise ConfigError(
-                    f"num_draft_tokens (K) must be >= 0 (0 = no speculation) or None (auto), got {k}"
-                )
+                raise ConfigError(f"num_draft_tokens (K) must be >= 0 (0 = no speculation) or None (auto), got {k}")
             if k > self.max_draft_tokens:
                 object.__setattr__(self, "max_draft_tokens", k)
         # Reuse SpecConfig's checks of the rule and its lossy opt-in.

@@ -150,9 +150,7 @@ def sample(probs: Tensor, generators: Sequence[torch.Generator | None]) -> Tenso
     if probs.dim() != 2:
         raise InputError(f"sample() expects probs of shape [N, V], got {tuple(probs.shape)}")
     if len(generators) != probs.shape[0]:
-        raise InputError(
-            f"sample() got {len(generators)} generators for {probs.shape[0]} rows; pass one per row"
-        )
+        raise InputError(f"sample() got {len(generators)} generators for {probs.shape[0]} rows; pass one per row")
     _, u = uniform_draws(generators, [0] * len(generators), 0, probs.device)
     return pick(probs, u, greedy_mask(generators, probs.device))
 
@@ -176,9 +174,7 @@ class TokenHistory:
         device: torch.device | str = "cpu",
     ) -> TokenHistory:
         if len(prompts) != len(outputs):
-            raise InputError(
-                f"got {len(prompts)} prompts but {len(outputs)} outputs; pass one of each per row"
-            )
+            raise InputError(f"got {len(prompts)} prompts but {len(outputs)} outputs; pass one of each per row")
         counts = torch.zeros((len(prompts), vocab_size), dtype=torch.int32, device=device)
         mask = torch.zeros((len(prompts), vocab_size), dtype=torch.bool, device=device)
         for row, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
@@ -243,9 +239,7 @@ def _check_logits(logits: Tensor, params: Sequence[SamplingParams]) -> None:
     if logits.dim() != 2:
         raise InputError(f"to_probs() expects logits of shape [N, V], got {tuple(logits.shape)}")
     if len(params) != logits.shape[0]:
-        raise InputError(
-            f"to_probs() got {len(params)} SamplingParams for {logits.shape[0]} rows; pass one per row"
-        )
+        raise InputError(f"to_probs() got {len(params)} SamplingParams for {logits.shape[0]} rows; pass one per row")
     if not logits.is_floating_point():
         raise InputError(f"logits must be floating point, got {logits.dtype}")
 

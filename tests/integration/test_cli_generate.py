@@ -39,13 +39,9 @@ def test_generate_json(pair: tuple[Path, Path], drafter: str, capsys: pytest.Cap
     assert plain["token_ids"] == out["token_ids"]
 
 
-def test_generate_streams_text_then_stats(
-    pair: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_generate_streams_text_then_stats(pair: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     target, draft = pair
-    code = main(
-        ["generate", "hi", "--target", str(target), "--draft", str(draft), "--max-tokens", "8", "--chat"]
-    )
+    code = main(["generate", "hi", "--target", str(target), "--draft", str(draft), "--max-tokens", "8", "--chat"])
     assert code == 0
     out = capsys.readouterr().out
     assert "acceptance rate" in out and "mean acceptance length" in out

@@ -26,9 +26,7 @@ def run(*argv: str) -> int:
 def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeModel, FakeModel]:
     home = tmp_path / "home"
     draft = install_fake_model(tmp_path / "d", monkeypatch, name="tiny-draft", role="draft", home=home)
-    target = install_fake_model(
-        tmp_path / "t", monkeypatch, name="tiny-target", role="target", n_parts=4, home=home
-    )
+    target = install_fake_model(tmp_path / "t", monkeypatch, name="tiny-target", role="target", n_parts=4, home=home)
     monkeypatch.setattr(registry, "DEFAULT_DRAFT", draft.name)
     monkeypatch.setattr(registry, "DEFAULT_TARGET", target.name)
     return draft, target
@@ -50,9 +48,7 @@ def test_prepare_default_pair_list_path_remove(
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith("tiny-draft: prepared in") and out[1].startswith("tiny-target")
     home = tmp_path / "home" / "models"
-    assert (home / "tiny-draft" / "prepared.json").is_file() and (
-        home / "tiny-target" / "prepared.json"
-    ).is_file()
+    assert (home / "tiny-draft" / "prepared.json").is_file() and (home / "tiny-target" / "prepared.json").is_file()
 
     assert run("models", "prepare", "tiny-draft") == 0
     assert "tiny-draft: already prepared in" in capsys.readouterr().out
@@ -84,9 +80,7 @@ def test_force_and_all(pair: tuple[FakeModel, FakeModel], capsys: pytest.Capture
     assert "not both" in capsys.readouterr().err
 
 
-def test_progress_bars_go_to_stderr(
-    pair: tuple[FakeModel, FakeModel], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_progress_bars_go_to_stderr(pair: tuple[FakeModel, FakeModel], capsys: pytest.CaptureFixture[str]) -> None:
     assert run("models", "prepare", "tiny-draft") == 0
     captured = capsys.readouterr()
     assert "joining parts" in captured.err and "bf16 weights" in captured.err
@@ -116,9 +110,7 @@ def test_remove_asks_or_refuses(
     assert not draft.folder.exists()
 
 
-def test_errors_are_one_line_with_exit_2(
-    pair: tuple[FakeModel, FakeModel], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_errors_are_one_line_with_exit_2(pair: tuple[FakeModel, FakeModel], capsys: pytest.CaptureFixture[str]) -> None:
     draft, _ = pair
     assert run("models", "prepare", "nope") == 2
     err = capsys.readouterr().err

@@ -49,6 +49,19 @@ def test_greedy_speculative_equals_plain_greedy(drafter: str) -> None:
         assert sum(o.stats.num_accepted_tokens for o in outs) > 0
 
 
+def test_restricted_draft_head_greedy_equals_plain() -> None:
+    target, draft = tiny_pair(8)
+    d = make_drafter("model", draft_model=draft, vocab_size=8, max_len=300, draft_head=4, keep_ids=(7,))
+    e = Engine(target, None, d, EngineConfig(max_len=256, num_draft_tokens=3))
+    outs = e.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == plain_greedy(target, prompt, 20)
+    drafted = {t for o in outs for t in o.token_ids}
+    assert drafted  # the target still emits tokens outside the draft head (through the residual)
+    with pytest.raises(ConfigError, match="head size"):
+        make_drafter("model", draft_model=draft, vocab_size=8, draft_head=0)
+
+
 @pytest.mark.parametrize("drafter", ["model", "composite"])
 def test_adaptive_k_greedy_equals_plain(drafter: str) -> None:
     target, _ = tiny_pair(8)

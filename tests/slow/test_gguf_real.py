@@ -141,9 +141,7 @@ def test_dequantisation_equals_gguf_reference(name: str) -> None:
         if info.type_name != "F32":
             q = model.quantized(hf_name)
             blocks = torch.from_numpy(np.array(q.blocks[:64])).reshape(-1, q.type_size)
-            assert torch.equal(
-                dequantize_blocks(blocks, q.type_name).reshape(64, -1), model.load(hf_name)[:64]
-            )
+            assert torch.equal(dequantize_blocks(blocks, q.type_name).reshape(64, -1), model.load(hf_name)[:64])
     assert set(checked) == set(EXPECTED[name][6])
 
 
@@ -160,9 +158,7 @@ def test_weights_equal_transformers_gguf_loading() -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     path = path_of(DRAFT)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     reference = hf.state_dict()
     model = GGUFModel(path)
     assert set(model.tensor_names) == set(reference)
@@ -182,9 +178,7 @@ def test_tokenizer_equals_transformers(name: str) -> None:
         for add in (False, True):
             assert tok.encode(text, add_special_tokens=add) == hf.encode(text, add_special_tokens=add), text
         ids = hf.encode(text, add_special_tokens=False)
-        assert tok.decode(ids) == hf.decode(ids) and tok.decode(ids, True) == hf.decode(
-            ids, skip_special_tokens=True
-        )
+        assert tok.decode(ids) == hf.decode(ids) and tok.decode(ids, True) == hf.decode(ids, skip_special_tokens=True)
     for _ in range(200):  # arbitrary ids, including cut UTF-8 sequences and special tokens
         ids = rng.integers(0, 151665, rng.integers(1, 12)).tolist()
         assert tok.decode(ids) == hf.decode(ids)
@@ -193,9 +187,7 @@ def test_tokenizer_equals_transformers(name: str) -> None:
         for tools in (None, TOOLS):
             for gen in (True, False):
                 ours = tok.apply_chat_template(conv, add_generation_prompt=gen, tools=tools)
-                assert ours == hf.apply_chat_template(
-                    conv, add_generation_prompt=gen, tools=tools, tokenize=False
-                )
+                assert ours == hf.apply_chat_template(conv, add_generation_prompt=gen, tools=tools, tokenize=False)
 
 
 def test_nfc_tokenizer_equals_transformers_qwen2_tokenizer() -> None:
@@ -209,6 +201,4 @@ def test_nfc_tokenizer_equals_transformers_qwen2_tokenizer() -> None:
     )
     tok = Tokenizer.from_gguf(file, nfc=True)
     for text in [t for t in TEXTS if "<" not in t] + ["Å Å", "ﬁ", "\u1e9b\u0323"]:
-        assert tok.encode(text, add_special_tokens=False) == reference.encode(
-            text, add_special_tokens=False
-        ), text
+        assert tok.encode(text, add_special_tokens=False) == reference.encode(text, add_special_tokens=False), text

@@ -37,12 +37,8 @@ def test_negative_controls_fail_under_other_sampling_params(name: str) -> None:
 def test_bonus_bug_is_invisible_unless_the_prefix_is_longer_than_k() -> None:
     """Why the tested prefix must be longer than K: a wrong bonus token only shows after K tokens."""
     params = SamplingParams(temperature=0.8)
-    short = certify_case(
-        CertificationCase(BonusFromDraftRule.name, "model", 3, params, 3), num_sequences=N, seed=5
-    )
-    long = certify_case(
-        CertificationCase(BonusFromDraftRule.name, "model", 3, params, 4), num_sequences=N, seed=5
-    )
+    short = certify_case(CertificationCase(BonusFromDraftRule.name, "model", 3, params, 3), num_sequences=N, seed=5)
+    long = certify_case(CertificationCase(BonusFromDraftRule.name, "model", 3, params, 4), num_sequences=N, seed=5)
     assert short.passed  # the defect is never observed...
     assert not long.passed  # ...until the bonus position is part of the test
 

@@ -26,6 +26,7 @@ CASES = [
     EngineCase("ngram", 2, SamplingParams(temperature=0.8), 3),
     EngineCase("ngram", 2, SamplingParams(temperature=1.0, top_p=0.9, frequency_penalty=0.4), 3),
     EngineCase("composite", 2, SamplingParams(temperature=0.9, min_p=0.1), 3),
+    EngineCase("model", 3, SamplingParams(temperature=0.9), 4, draft_head=2),
 ]
 
 

@@ -75,9 +75,7 @@ def test_plain_sampling_through_the_rule_matches_the_exact_law() -> None:
     law = exact_prefix_law(target, params, 4, setup.prompt)
 
     def sampler(n: int, seed: int):  # type: ignore[no-untyped-def]
-        return generate(
-            target, None, RejectionRule(), params, k=0, num_sequences=n, prefix_len=4, seed=seed
-        ).tokens
+        return generate(target, None, RejectionRule(), params, k=0, num_sequences=n, prefix_len=4, seed=seed).tokens
 
     gof = certify_sampler(sampler, law, target.vocab_size, num_sequences=N, seed=11)
     assert gof.p_value >= DEFAULT_ALPHA

@@ -116,15 +116,11 @@ def test_config_from_hf_qwen2_mistral_and_defaults() -> None:
     assert (qwen.architecture, qwen.attention_bias, qwen.tie_word_embeddings) == ("qwen2", True, True)
     assert (qwen.rope_scaling, qwen.max_position, qwen.eos_token_id) == (None, 256, 7)
     mistral = config_from_hf(
-        llama_json(
-            architectures=["MistralForCausalLM"], rope_scaling=None, sliding_window=None, head_dim=None
-        )
+        llama_json(architectures=["MistralForCausalLM"], rope_scaling=None, sliding_window=None, head_dim=None)
     )
     assert (mistral.architecture, mistral.head_dim, mistral.max_position) == ("llama", 16, 256)
     # Missing optional keys take transformers' defaults; no architectures -> model_type.
-    minimal = {
-        k: v for k, v in llama_json().items() if k.startswith(("vocab", "hidden_", "interm", "num_", "max"))
-    }
+    minimal = {k: v for k, v in llama_json().items() if k.startswith(("vocab", "hidden_", "interm", "num_", "max"))}
     bare = config_from_hf({**minimal, "model_type": "llama", "num_key_value_heads": None})
     assert (bare.num_kv_heads, bare.rope_theta, bare.rms_norm_eps, bare.tie_word_embeddings) == (
         4,
@@ -221,13 +217,9 @@ def test_malformed_configs_are_load_errors(overrides: dict[str, Any]) -> None:
 
 def test_sliding_window_lowers_max_position(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="verispec.models.hf"):
-        cfg = config_from_hf(
-            llama_json(architectures=["MistralForCausalLM"], rope_scaling=None, sliding_window=64)
-        )
+        cfg = config_from_hf(llama_json(architectures=["MistralForCausalLM"], rope_scaling=None, sliding_window=64))
     assert cfg.max_position == 64 and "sliding-window" in caplog.text
-    wide = config_from_hf(
-        llama_json(architectures=["MistralForCausalLM"], rope_scaling=None, sliding_window=4096)
-    )
+    wide = config_from_hf(llama_json(architectures=["MistralForCausalLM"], rope_scaling=None, sliding_window=4096))
     assert wide.max_position == 256  # the window never binds
 
 
@@ -277,14 +269,10 @@ def tiny_model(family: str, seed: int = 0) -> Any:
         pad_token_id=None,
     )
     if family == "llama":
-        cfg = tf.LlamaConfig(
-            rope_theta=5e5, rope_scaling={**LLAMA3, "original_max_position_embeddings": 16}, **common
-        )
+        cfg = tf.LlamaConfig(rope_theta=5e5, rope_scaling={**LLAMA3, "original_max_position_embeddings": 16}, **common)
         return randomize(tf.LlamaForCausalLM(cfg), seed)
     if family == "qwen2":
-        return randomize(
-            tf.Qwen2ForCausalLM(tf.Qwen2Config(rope_theta=1e6, tie_word_embeddings=True, **common)), seed
-        )
+        return randomize(tf.Qwen2ForCausalLM(tf.Qwen2Config(rope_theta=1e6, tie_word_embeddings=True, **common)), seed)
     if family == "mistral":
         cfg = tf.MistralConfig(sliding_window=None, head_dim=32, **common)
         return randomize(tf.MistralForCausalLM(cfg), seed)
@@ -335,9 +323,7 @@ def test_runtime_from_folder_matches_transformers(case: str, tmp_path: Path) -> 
     hf = tiny_model(family, seed=2)
     folder = save(hf, tmp_path, **({"max_shard_size": "20KB"} if case.endswith("sharded") else {}))
     if case.endswith("sharded"):
-        assert (folder / "model.safetensors.index.json").is_file() and len(
-            list(folder.glob("*.safetensors"))
-        ) > 3
+        assert (folder / "model.safetensors.index.json").is_file() and len(list(folder.glob("*.safetensors"))) > 3
     cfg, sd = load_hf_folder(folder, dtype="fp32")
     assert cfg == config_from_hf(hf.config.to_dict()) == read_hf_config(folder)
     assert (cfg.attention_bias, cfg.tie_word_embeddings) == (family == "qwen2", family == "qwen2")
@@ -432,9 +418,7 @@ def greedy(model: Any, prompt: list[int], n: int) -> list[int]:
     """Plain greedy decoding through the runtime interface (Transformer or adapter)."""
     cache = model.new_cache(1, len(prompt) + n)
     slot = cache.add_sequence()
-    logits = model(
-        torch.tensor([prompt]), None, cache, slots=[slot], logits_at=torch.tensor([[len(prompt) - 1]])
-    )
+    logits = model(torch.tensor([prompt]), None, cache, slots=[slot], logits_at=torch.tensor([[len(prompt) - 1]]))
     out: list[int] = []
     while True:
         out.append(int(logits[0, -1].argmax()))
@@ -450,9 +434,9 @@ def test_adapter_greedy_equals_generate(family: str) -> None:
     prompt = toks(1, 7, seed=5)[0].tolist()
     n = 25
     with torch.no_grad():
-        ref = hf.generate(
-            torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
-        )[0, len(prompt) :].tolist()
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)[
+            0, len(prompt) :
+        ].tolist()
     assert greedy(adapter, prompt, n) == ref
     assert adapter.dtype == torch.float32 and adapter.device == torch.device("cpu")
 
@@ -507,9 +491,7 @@ def test_adapter_rollback_then_reextend_equals_never_extending(family: str) -> N
     ref = adapter(other, None, _fresh(adapter, x[:, :9]))
     assert (got - ref).abs().max().item() < SELF_TOL
     cache.truncate([0])
-    assert (
-        adapter(x[:, :5], None, cache) - adapter(x[:, :5], None, _fresh(adapter, x[:, :0]))
-    ).abs().max() == 0
+    assert (adapter(x[:, :5], None, cache) - adapter(x[:, :5], None, _fresh(adapter, x[:, :0]))).abs().max() == 0
 
 
 def test_adapter_k_token_pass_equals_single_token_passes() -> None:
@@ -566,9 +548,7 @@ def test_adapter_serves_one_sequence_and_no_trees() -> None:
         HFCausalLMAdapter(tiny_model("gpt2").train())
 
 
-def test_adapter_from_bad_folders(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, llama_folder: Path
-) -> None:
+def test_adapter_from_bad_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, llama_folder: Path) -> None:
     with pytest.raises(ModelLoadError, match=r"config\.json"):
         HFCausalLMAdapter.from_pretrained(tmp_path)
     shutil.copytree(llama_folder, tmp_path / "bin")

@@ -118,9 +118,7 @@ def test_hugging_face_folder_goes_through_hf_module(
         calls.append((Path(path), dtype, device))
         return load_gguf(fake.gguf, dtype)
 
-    monkeypatch.setitem(
-        sys.modules, "verispec.models.hf", types.SimpleNamespace(load_hf_folder=load_hf_folder)
-    )
+    monkeypatch.setitem(sys.modules, "verispec.models.hf", types.SimpleNamespace(load_hf_folder=load_hf_folder))
     loaded = load_model(folder, dtype="fp32")
     assert calls == [(folder, torch.float32, "cpu")]
     assert loaded.name == "hf-model" and loaded.source == folder and loaded.dtype == torch.float32

@@ -24,11 +24,7 @@ def random_blocks(type_name: str, n: int, seed: int = 0) -> np.ndarray:
 
     def f16(k: int) -> np.ndarray:
         # Scales over the whole float16 range, subnormals included.
-        return (
-            (rng.standard_normal((n, k)) * 10.0 ** rng.integers(-7, 3, (n, k)))
-            .astype(np.float16)
-            .view(np.uint8)
-        )
+        return (rng.standard_normal((n, k)) * 10.0 ** rng.integers(-7, 3, (n, k))).astype(np.float16).view(np.uint8)
 
     if type_name in ("Q4_0", "Q5_0", "Q8_0"):
         raw[:, 0:2] = f16(1)
@@ -50,9 +46,7 @@ def reference(rows: np.ndarray, type_name: str) -> np.ndarray:
 
 
 def same_bits(a: torch.Tensor, b: np.ndarray) -> bool:
-    return np.array_equal(
-        a.numpy().view(np.uint32), np.ascontiguousarray(b, dtype=np.float32).view(np.uint32)
-    )
+    return np.array_equal(a.numpy().view(np.uint32), np.ascontiguousarray(b, dtype=np.float32).view(np.uint32))
 
 
 def test_block_sizes_match_ggml() -> None:

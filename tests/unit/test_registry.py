@@ -80,9 +80,7 @@ def test_prepare_joins_verifies_and_converts(fake: FakeModel) -> None:
     )
     marker = json.loads((fake.folder / "prepared.json").read_text())
     assert marker["sha256"] == fake.entry.sha256
-    assert marker["files"] == {
-        p.name: p.stat().st_size for p in fake.folder.iterdir() if p.name != "prepared.json"
-    }
+    assert marker["files"] == {p.name: p.stat().st_size for p in fake.folder.iterdir() if p.name != "prepared.json"}
     s = status(fake.name)
     assert s.state == registry.PREPARED and not s.interrupted
     assert s.disk_bytes == sum(p.stat().st_size for p in fake.folder.iterdir()) == result.disk_bytes
@@ -262,9 +260,7 @@ def test_home_argument_and_default(fake: FakeModel, tmp_path: Path, monkeypatch:
 
 
 def test_unknown_name() -> None:
-    with pytest.raises(
-        ConfigError, match=r"unknown model .nope.; known models: .*qwen2\.5-coder-1\.5b-instruct"
-    ):
+    with pytest.raises(ConfigError, match=r"unknown model .nope.; known models: .*qwen2\.5-coder-1\.5b-instruct"):
         registry.prepare("nope")
     with pytest.raises(ConfigError):
         registry.remove("nope")
@@ -324,9 +320,7 @@ def test_model_config_dict_round_trip() -> None:
         ModelConfig.from_dict(data | {"rope_scaling": {"factor": 2}})
 
 
-def test_cache_made_from_another_file_is_not_prepared(
-    fake: FakeModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cache_made_from_another_file_is_not_prepared(fake: FakeModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """A registry entry updated to a new file (new sha256) makes the old cache count as unprepared."""
     import dataclasses
 

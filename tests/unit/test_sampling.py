@@ -94,9 +94,7 @@ def test_temperature_zero_is_one_hot_on_argmax():
 
 
 def test_temperature_zero_ties_go_to_lowest_id():
-    assert_law(
-        probs_of([1.0, 3.0, 0.0, 3.0, 3.0], SamplingParams(temperature=0)), np.array([0, 1, 0, 0, 0.0])
-    )
+    assert_law(probs_of([1.0, 3.0, 0.0, 3.0, 3.0], SamplingParams(temperature=0)), np.array([0, 1, 0, 0, 0.0]))
 
 
 def test_greedy_ignores_top_k_top_p_min_p():
@@ -524,9 +522,7 @@ def test_sample_never_touches_global_rngs():
 
 
 def test_sample_same_seed_same_tokens():
-    probs = to_probs(
-        torch.randn((8, 100), generator=torch.Generator().manual_seed(0)), [SamplingParams()] * 8
-    )
+    probs = to_probs(torch.randn((8, 100), generator=torch.Generator().manual_seed(0)), [SamplingParams()] * 8)
     a = sample(probs, [make_generator(i) for i in range(8)])
     b = sample(probs, [make_generator(i) for i in range(8)])
     c = sample(probs, [make_generator(100 + i) for i in range(8)])

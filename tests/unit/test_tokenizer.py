@@ -96,10 +96,7 @@ def test_chat_template(tiny_path: Path) -> None:
     assert tok.chat_template == CHAT_TEMPLATE
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi 😀"}]
     text = tok.apply_chat_template(messages)
-    assert (
-        text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi 😀<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi 😀<|im_end|>\n<|im_start|>assistant\n"
     assert tok.apply_chat_template(messages, add_generation_prompt=False).endswith("<|im_end|>\n")
     assert messages[1] == {"role": "user", "content": "hi 😀"}  # caller's messages untouched
 
@@ -111,9 +108,7 @@ def test_template_features_match_transformers_environment(tiny_path: Path) -> No
         "{{ tools | tojson(indent=1) }}{% if bad %}{{ raise_exception('bad input') }}{% endif %}"
     )
     out = tok.apply_chat_template([{"role": "u", "content": "é<b>"}, {"role": "x"}], tools=[{"n": 1}])
-    assert (
-        out == '{"role": "u", "content": "é<b>"}[\n {\n  "n": 1\n }\n]'
-    )  # no HTML escaping, no ASCII escaping
+    assert out == '{"role": "u", "content": "é<b>"}[\n {\n  "n": 1\n }\n]'  # no HTML escaping, no ASCII escaping
     from jinja2.exceptions import TemplateError
 
     with pytest.raises(TemplateError, match="bad input"):

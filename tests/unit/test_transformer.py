@@ -168,9 +168,9 @@ def test_greedy_generation_matches_transformers(name: str) -> None:
     prompt = tokens(1, 9, seed=4)[0].tolist()
     n = 30
     with torch.no_grad():
-        ref = hf.generate(
-            torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
-        )[0, len(prompt) :].tolist()
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)[
+            0, len(prompt) :
+        ].tolist()
     assert greedy(ours, prompt, n) == ref
 
 
@@ -251,9 +251,7 @@ def test_noncontiguous_slots_equal_each_sequence_alone() -> None:
     nxt = model(tokens(2, 1, seed=31), None, cache, slots=running)
     for row, _slot in enumerate(running):
         alone = model.new_cache(1, 32)
-        torch.testing.assert_close(
-            got[row], model(toks[row : row + 1], None, alone)[0], atol=SELF_TOL, rtol=0
-        )
+        torch.testing.assert_close(got[row], model(toks[row : row + 1], None, alone)[0], atol=SELF_TOL, rtol=0)
         ref_next = model(tokens(2, 1, seed=31)[row : row + 1], None, alone)[0]
         torch.testing.assert_close(nxt[row], ref_next, atol=SELF_TOL, rtol=0)
     assert cache.lengths.tolist() == [8, 0, 0, 8]

@@ -298,9 +298,7 @@ def test_greedy_rule_exact():
     vocab = 4
     target = torch.stack(
         [
-            torch.stack(
-                [one_hot(2, vocab), t([0.1, 0.6, 0.2, 0.1]), t([0.3, 0.3, 0.3, 0.1]), one_hot(3, vocab)]
-            ),
+            torch.stack([one_hot(2, vocab), t([0.1, 0.6, 0.2, 0.1]), t([0.3, 0.3, 0.3, 0.1]), one_hot(3, vocab)]),
             torch.stack([t([0.4, 0.4, 0.2, 0.0]), one_hot(0, vocab), one_hot(0, vocab), one_hot(0, vocab)]),
             torch.stack([one_hot(1, vocab), one_hot(2, vocab), one_hot(3, vocab), one_hot(0, vocab)]),
             torch.stack([one_hot(3, vocab), one_hot(2, vocab), one_hot(1, vocab), one_hot(0, vocab)]),
@@ -378,9 +376,7 @@ def test_typical_equals_greedy_at_temperature_zero():
     for _ in range(30):
         batch, k, vocab = 4, 3, 9
         logits = torch.randn((batch * (k + 1), vocab), generator=case_gen)
-        target = to_probs(logits, [SamplingParams(temperature=0)] * (batch * (k + 1))).view(
-            batch, k + 1, vocab
-        )
+        target = to_probs(logits, [SamplingParams(temperature=0)] * (batch * (k + 1))).view(batch, k + 1, vocab)
         ids = torch.where(
             torch.rand((batch, k), generator=case_gen) < 0.7,
             target[:, :k].argmax(-1),
@@ -419,15 +415,10 @@ def _random_case(case: int, *, allow_shared_gens: bool = True):
     num = torch.randint(0, k + 1, (batch,), generator=cg)
     temps = [pick([0.0, 0.3, 1.0, 1.0, 2.0]) for _ in range(batch)]
     shape = [pick([0, 0, 2]) for _ in range(batch)]
-    params = [
-        SamplingParams(temperature=temps[b], top_k=shape[b], top_p=pick([1.0, 1.0, 0.8]))
-        for b in range(batch)
-    ]
+    params = [SamplingParams(temperature=temps[b], top_k=shape[b], top_p=pick([1.0, 1.0, 0.8])) for b in range(batch)]
     scale = pick([0.5, 2.0, 5.0])
     logits = torch.randn((batch * (k + 1), vocab), generator=cg) * scale
-    target = to_probs(logits, [params[b] for b in range(batch) for _ in range(k + 1)]).view(
-        batch, k + 1, vocab
-    )
+    target = to_probs(logits, [params[b] for b in range(batch) for _ in range(k + 1)]).view(batch, k + 1, vocab)
 
     draft_probs = None
     if k > 0 and pick(["none", "model", "model"]) == "model":
@@ -435,9 +426,7 @@ def _random_case(case: int, *, allow_shared_gens: bool = True):
         far = torch.softmax(torch.randn((batch, k, vocab), generator=cg) * scale, -1)
         draft_probs = (near if pick([True, False]) else far).contiguous()
         if pick([True, False]):  # some greedy-drafter rows: one-hot draft laws
-            hard = to_probs(
-                torch.log(draft_probs.reshape(-1, vocab)), [SamplingParams(temperature=0)] * (batch * k)
-            )
+            hard = to_probs(torch.log(draft_probs.reshape(-1, vocab)), [SamplingParams(temperature=0)] * (batch * k))
             draft_probs = hard.view(batch, k, vocab)
     # draft tokens: from the draft law, from the target, or arbitrary (possibly q(x) = 0 or p(x) = 0)
     how = pick(["draft", "target", "random"])

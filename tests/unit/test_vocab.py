@@ -113,9 +113,7 @@ def test_different_special_tokens(tok: Tokenizer, tmp_path: Path) -> None:
     n = tok.vocab_size - 1
 
     def with_eos(eos: int) -> Tokenizer:
-        return Tokenizer(
-            tok.backend, bos_token_id=tok.bos_token_id, eos_token_id=eos, pad_token_id=tok.pad_token_id
-        )
+        return Tokenizer(tok.backend, bos_token_id=tok.bos_token_id, eos_token_id=eos, pad_token_id=tok.pad_token_id)
 
     im_start, im_end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
     assert im_start is not None and im_end is not None

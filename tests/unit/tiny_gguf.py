@@ -152,9 +152,7 @@ def write_tiny(path: Path, spec: TinySpec) -> dict[str, np.ndarray]:
     """Write the model; returns the HF-layout float32 weights it was made from."""
     weights = spec.hf_weights()
     rng = np.random.default_rng(spec.seed + 1)
-    writer = GGUFWriter(
-        str(path), spec.arch, endianess=GGUFEndian.BIG if spec.big_endian else GGUFEndian.LITTLE
-    )
+    writer = GGUFWriter(str(path), spec.arch, endianess=GGUFEndian.BIG if spec.big_endian else GGUFEndian.LITTLE)
     meta: dict[str, object] = {
         f"{spec.arch}.block_count": spec.layers,
         f"{spec.arch}.context_length": 512,

@@ -96,9 +96,7 @@ def register(subparsers: Any) -> None:
         "(default: speedup-c{C}.png in the current directory)",
     )
     where.add_argument("--no-plot", action="store_true", help="do not write the heat map")
-    p.add_argument(
-        "--json", action="store_true", help="print one JSON object with every figure instead of tables"
-    )
+    p.add_argument("--json", action="store_true", help="print one JSON object with every figure instead of tables")
     p.set_defaults(run=run)
 
 
@@ -280,9 +278,7 @@ def write_heatmap(path: str, r: dict[str, Any]) -> None:
     best = [analysis.optimal_k(float(a), c, k_hi) or math.nan for a in alphas]  # same ties rule
     ax.step(alphas, best, where="mid", color="black", linestyle="--", linewidth=1, label="best K for α")
     label = f"α = {r['alpha']:g}, K = {r['k']}: S = {r['speedup']:.3f}"
-    ax.plot(
-        r["alpha"], r["k"], "*", markersize=15, markerfacecolor="gold", markeredgecolor="black", label=label
-    )
+    ax.plot(r["alpha"], r["k"], "*", markersize=15, markerfacecolor="gold", markeredgecolor="black", label=label)
     ax.set(
         xlim=extent[:2],
         ylim=extent[2:],

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     with err.status("loading models", spinner="dots"):
         pipe = build(
             args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
-            draft_dtype=args.draft_dtype, device=args.device, max_batch=1,
+            draft_dtype=args.draft_dtype, device=args.device, max_batch=1, draft_head=args.draft_vocab,
         )  # fmt: skip
     spec = pipe.engine
     plain = Engine(

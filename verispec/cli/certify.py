@@ -81,30 +81,22 @@ def register(sub: Any) -> None:
         "--temperature", type=_list(float, "--temperature"), default=[1.0, 0.7],
         help="temperatures, comma-separated; 0 = greedy (default 1,0.7)",
     )  # fmt: skip
-    p.add_argument(
-        "--top-k", type=_list(int, "--top-k"), default=[0], help="top-k values, 0 = off (default 0)"
-    )
+    p.add_argument("--top-k", type=_list(int, "--top-k"), default=[0], help="top-k values, 0 = off (default 0)")
     p.add_argument(
         "--top-p",
         type=_list(float, "--top-p"),
         default=[1.0, 0.9],
         help="top-p values, 1 = off (default 1,0.9)",
     )
-    p.add_argument(
-        "--min-p", type=_list(float, "--min-p"), default=[0.0], help="min-p values, 0 = off (default 0)"
-    )
+    p.add_argument("--min-p", type=_list(float, "--min-p"), default=[0.0], help="min-p values, 0 = off (default 0)")
     p.add_argument(
         "--repetition-penalty",
         type=float,
         default=1.0,
         help="repetition penalty for every case (default 1 = off)",
     )
-    p.add_argument(
-        "--presence-penalty", type=float, default=0.0, help="presence penalty for every case (default 0)"
-    )
-    p.add_argument(
-        "--frequency-penalty", type=float, default=0.0, help="frequency penalty for every case (default 0)"
-    )
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="presence penalty for every case (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty for every case (default 0)")
     p.add_argument(
         "--prefix-extra", type=int, default=1,
         help="test the first K + this many tokens (>= 1 so that bonus tokens are observed; default 1)",
@@ -163,8 +155,7 @@ def run(args: argparse.Namespace) -> int:
     for case in cases:
         if args.vocab_size**case.prefix_len > 2_000_000:
             raise ConfigError(
-                f"{args.vocab_size}^{case.prefix_len} outcomes are too many to test; "
-                "lower --k or --vocab-size"
+                f"{args.vocab_size}^{case.prefix_len} outcomes are too many to test; lower --k or --vocab-size"
             )
     setup = ToySetup(args.vocab_size, args.order, args.distance, args.model_seed)
 
@@ -184,9 +175,7 @@ def run(args: argparse.Namespace) -> int:
     out = Console(width=max(Console().width, 132))
     table = Table(title=f"verispec certify: {args.samples} sequences per case, alpha = {args.alpha:g}")
     for col in ("rule / drafter", "K", "n", "sampling", "claim", "p-value", "TV", "AR", "AL", "verdict"):
-        table.add_column(
-            col, justify="left" if col in ("rule / drafter", "sampling", "claim", "verdict") else "right"
-        )
+        table.add_column(col, justify="left" if col in ("rule / drafter", "sampling", "claim", "verdict") else "right")
 
     def verdict(r: CertificationResult) -> str:
         if r.as_expected:

@@ -37,12 +37,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
         default=DEFAULT_TARGET,
-        help="target model: a registry name, a .gguf file or a Hugging Face folder "
-        f"(default {DEFAULT_TARGET})",
+        help=f"target model: a registry name, a .gguf file or a Hugging Face folder (default {DEFAULT_TARGET})",
     )
-    p.add_argument(
-        "--draft", default=DEFAULT_DRAFT, help=f"draft model, same forms (default {DEFAULT_DRAFT})"
-    )
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model, same forms (default {DEFAULT_DRAFT})")
     p.add_argument(
         "--drafter", default="model", choices=["model", "ngram", "composite", "none"],
         help="where draft tokens come from: model (the draft model), ngram (prompt lookup, no draft model), "
@@ -69,23 +66,22 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="precision of the draft model (default: --dtype)",
     )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument(
+        "--draft-vocab", type=int, default=None, metavar="N",
+        help="score only token ids below N (plus the stop tokens) with the draft model: a cheaper draft "
+        "head, still exact (default: the full vocabulary)",
+    )  # fmt: skip
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off, default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off, default)")
-    p.add_argument(
-        "--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability (0 = off)"
-    )
-    p.add_argument(
-        "--repetition-penalty", type=float, default=1.0, help="repetition penalty (1 = off, default)"
-    )
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="repetition penalty (1 = off, default)")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="presence penalty (default 0)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty (default 0)")
-    p.add_argument(
-        "--seed", type=int, default=None, help="seed of this request's random numbers (default: fresh)"
-    )
+    p.add_argument("--seed", type=int, default=None, help="seed of this request's random numbers (default: fresh)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument(
         "--stop", action="append", default=[], metavar="STR", help="stop when this text appears (repeatable)"
@@ -117,17 +113,13 @@ def register(sub: Any) -> None:
     p.add_argument("prompt", help="the prompt text")
     add_model_options(p)
     add_sampling_options(p)
-    p.add_argument(
-        "--chat", action="store_true", help="wrap the prompt as a user message in the model's chat template"
-    )
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the model's chat template")
     p.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object (text, token_ids, stats) instead of streaming",
     )
-    p.add_argument(
-        "--max-len", type=int, default=4096, help="context length the KV caches hold (default 4096)"
-    )
+    p.add_argument("--max-len", type=int, default=4096, help="context length the KV caches hold (default 4096)")
     p.set_defaults(run=run)
 
 
@@ -142,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         pipe = build(
             args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
             draft_dtype=args.draft_dtype, device=args.device, max_batch=1, max_len=args.max_len,
+            draft_head=args.draft_vocab,
         )  # fmt: skip
     prompt = chat_prompt(pipe.target, args.prompt) if args.chat else args.prompt
     engine = pipe.engine
@@ -180,11 +173,7 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
         c = draft_pass / verify if verify > 0 else None
     mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
     alpha = alpha_from_positions(stats.acceptance_per_position)
-    predicted = (
-        speedup(alpha, round(mean_k), c)
-        if c is not None and alpha is not None and round(mean_k) > 0
-        else None
-    )
+    predicted = speedup(alpha, round(mean_k), c) if c is not None and alpha is not None and round(mean_k) > 0 else None
     return {
         "text": final.text,
         "token_ids": final.token_ids,
@@ -216,9 +205,7 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
         return "-" if milliseconds is None else f"{milliseconds:.1f} ms"
 
     table = Table(title="speculation", show_header=False, box=None)
-    table.add_row(
-        "pair", f"{summary['target']} <- {summary['draft'] or summary['drafter'] or 'plain decoding'}"
-    )
+    table.add_row("pair", f"{summary['target']} <- {summary['draft'] or summary['drafter'] or 'plain decoding'}")
     table.add_row("tokens", f"{len(summary['token_ids'])} ({summary['finish_reason']})")
     table.add_row(
         "acceptance rate",
@@ -245,7 +232,5 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
     table.add_row("TTFT", ms(t.get("ttft_s")))
     table.add_row("ITL p50 / p95", f"{ms(t.get('itl_p50_s'))} / {ms(t.get('itl_p95_s'))}")
     if not summary["lossless"]:
-        table.add_row(
-            "[yellow]LOSSY[/]", "typical acceptance: the output does not follow the target's distribution"
-        )
+        table.add_row("[yellow]LOSSY[/]", "typical acceptance: the output does not follow the target's distribution")
     console.print(table)

@@ -92,18 +92,14 @@ def run_list(args: argparse.Namespace) -> int:
 
     table = Table(title=f"verispec models (cache: {registry.verispec_home()})")
     for col in ("name", "role", "model", "status", "parts", "on disk"):
-        table.add_column(
-            col, justify="right" if col in ("parts", "on disk") else "left", no_wrap=col == "name"
-        )
+        table.add_column(col, justify="right" if col in ("parts", "on disk") else "left", no_wrap=col == "name")
     colour = {registry.PREPARED: "green", registry.PARTS_INSTALLED: "yellow", registry.NOT_INSTALLED: "red"}
     for s in statuses:
         state = f"[{colour[s.state]}]{s.state}[/]"
         if s.interrupted:
             state += " [dim](incomplete or outdated cache; run prepare again)[/]"
         role = s.role + (" (default)" if s.default else "")
-        table.add_row(
-            s.name, role, s.display_name, state, f"{s.parts_installed}/{s.parts_total}", _size(s.disk_bytes)
-        )
+        table.add_row(s.name, role, s.display_name, state, f"{s.parts_installed}/{s.parts_total}", _size(s.disk_bytes))
     Console(width=max(Console().width, 132)).print(table)
     return 0
 
@@ -128,10 +124,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             print(f"{name}: already prepared in {result.path} ({_size(result.disk_bytes)})")
         else:
             stages = ", ".join(f"{k} {v:.1f} s" for k, v in result.stage_seconds.items())
-            print(
-                f"{name}: prepared in {result.seconds:.1f} s ({stages}); "
-                f"{_size(result.disk_bytes)} in {result.path}"
-            )
+            print(f"{name}: prepared in {result.seconds:.1f} s ({stages}); {_size(result.disk_bytes)} in {result.path}")
     return 0
 
 

@@ -46,9 +46,7 @@ class CompositeDrafter:
         model_draft = self.model.propose(batch, model_k)
         n, k_max = len(batch), max(max_tokens, default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)
-        laws = torch.zeros(
-            (n, k_max, self.model.vocab_size), dtype=torch.float32, device=model_draft.token_ids.device
-        )
+        laws = torch.zeros((n, k_max, self.model.vocab_size), dtype=torch.float32, device=model_draft.token_ids.device)
         if model_draft.probs is not None:
             laws = laws.to(model_draft.probs.device)
             laws[:, : model_draft.max_tokens] = model_draft.probs

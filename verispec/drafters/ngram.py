@@ -96,6 +96,4 @@ class NgramDrafter:
         try:
             return self._index[request_id]
         except KeyError:
-            raise InputError(
-                f"unknown request {request_id!r}: call begin() before propose()/observe()"
-            ) from None
+            raise InputError(f"unknown request {request_id!r}: call begin() before propose()/observe()") from None

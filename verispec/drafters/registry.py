@@ -22,6 +22,8 @@ def make_drafter(
     max_len: int = 4096,
     ngram_min: int = 2,
     ngram_max: int = 4,
+    draft_head: int | None = None,
+    keep_ids: tuple[int, ...] = (),
 ) -> Drafter | None:
     """Build the drafter ``name`` ("none" = plain decoding, returns None)."""
     if name not in DRAFTER_NAMES:
@@ -33,8 +35,9 @@ def make_drafter(
     if draft_model is None:
         raise ConfigError(f"drafter {name!r} needs a draft model; pass --draft (or use --drafter ngram)")
     model = ModelDrafter(
-        draft_model, vocab_size=vocab_size, vocab_limit=vocab_limit, max_batch=max_batch, max_len=max_len
-    )
+        draft_model, vocab_size=vocab_size, vocab_limit=vocab_limit, max_batch=max_batch, max_len=max_len,
+        head_size=draft_head, keep_ids=keep_ids,
+    )  # fmt: skip
     if name == "model":
         return model
     return CompositeDrafter(NgramDrafter(ngram_min, ngram_max), model)

@@ -64,19 +64,19 @@ def build(
     max_len: int = 4096,
     rule: str = "rejection",
     allow_lossy: bool = False,
+    draft_head: int | None = None,
     progress: ProgressFn | None = None,
 ) -> Pipeline:
     """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
-    ``k``: draft length, or None for the measured policy; ``draft_dtype`` defaults to ``dtype``."""
+    ``k``: draft length, or None for the measured policy; ``draft_dtype`` defaults to ``dtype``;
+    ``draft_head``: score only the first N token ids (and the stop ids) with the draft model."""
     if drafter not in DRAFTER_NAMES:
         raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
     for name, value in (("dtype", dtype), ("draft dtype", draft_dtype or dtype)):
         if value not in DTYPE_NAMES:
             raise ConfigError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
     device = check_device(device)
-    config = EngineConfig(
-        max_batch=max_batch, max_len=max_len, num_draft_tokens=k, rule=rule, allow_lossy=allow_lossy
-    )
+    config = EngineConfig(max_batch=max_batch, max_len=max_len, num_draft_tokens=k, rule=rule, allow_lossy=allow_lossy)
     target_model = load_model(target, dtype=dtype, device=device, progress=progress)
     draft_model = None
     vocab = target_model.vocab_size
@@ -92,6 +92,8 @@ def build(
         vocab_limit=vocab,
         max_batch=max_batch,
         max_len=max_len + config.max_draft_tokens + 1,
+        draft_head=draft_head,
+        keep_ids=tuple(target_model.tokenizer.eos_token_ids),
     )
     engine = Engine(target_model.model, target_model.tokenizer, d, config, vocab_limit=vocab)
     return Pipeline(engine, target_model, draft_model)
@@ -113,9 +115,7 @@ def generate(
     given); returns one final :class:`RequestOutput` per prompt. ``chat=True`` wraps each prompt
     as a user message in the model's chat template."""
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
-    pipe = build(
-        target, draft, drafter=drafter, k=k, dtype=dtype, device=device, max_batch=max(1, min(len(texts), 8))
-    )
+    pipe = build(target, draft, drafter=drafter, k=k, dtype=dtype, device=device, max_batch=max(1, min(len(texts), 8)))
     if chat:
         texts = [chat_prompt(pipe.target, t) for t in texts]
     return pipe.engine.generate(texts, params)
@@ -125,6 +125,4 @@ def chat_prompt(model: LoadedModel, text: str) -> str:
     """``text`` as the user turn of ``model``'s chat template, ready for the assistant's answer."""
     if not model.tokenizer.chat_template:
         raise ConfigError(f"{model.name} has no chat template; drop --chat and write the prompt yourself")
-    return model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
+    return model.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)

@@ -133,17 +133,13 @@ class Engine:
             )
         for token in params.logit_bias or {}:
             if token >= self.vocab_limit:
-                raise ConfigError(
-                    f"logit_bias names token {token}, outside the vocabulary [0, {self.vocab_limit})"
-                )
+                raise ConfigError(f"logit_bias names token {token}, outside the vocabulary [0, {self.vocab_limit})")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._live:
             raise InputError(f"request id {rid!r} is already in use; request ids must be unique")
         self._live.add(rid)
         generator = None if params.greedy else make_generator(params.seed, self.target.device)
-        req = Request(
-            rid, ids, params, generator, self.tokenizer, self.eos_token_ids, self.config.max_len - len(ids)
-        )
+        req = Request(rid, ids, params, generator, self.tokenizer, self.eos_token_ids, self.config.max_len - len(ids))
         if params.uses_history:
             req.history = TokenHistory.from_ids([ids], [[]], self.vocab_size, self.target.device)
         self.waiting.append(req)
@@ -194,9 +190,7 @@ class Engine:
         """Run the prompts to completion (batched); final outputs in prompt order."""
         plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
-            raise ConfigError(
-                f"got {len(plist)} SamplingParams for {len(prompts)} prompts; pass one or one each"
-            )
+            raise ConfigError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts; pass one or one each")
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
         final: dict[str, RequestOutput] = {}
         for out in self.run():
@@ -214,9 +208,7 @@ class Engine:
                 req.slot = self.cache.add_sequence()
             last = self._feed_prompts(batch)  # [B, V]
             empty = self._empty_draft(len(batch))
-            verdict = self.rule.verify(
-                empty, self._laws(last.unsqueeze(1), batch, empty), [r.generator for r in batch]
-            )
+            verdict = self.rule.verify(empty, self._laws(last.unsqueeze(1), batch, empty), [r.generator for r in batch])
             first = verdict.output_ids[:, 0].tolist()
         except VerispecError as exc:
             return [self._fail(req, exc) for req in batch]
@@ -294,9 +286,7 @@ class Engine:
         rows = verdict.tokens()
         self.cache.keep_step_prefix([1 + a for a in accepted], slots)
         done = time.perf_counter()
-        self.steps.append(
-            StepRecord(len(batch), draft.max_tokens, counts, accepted, drafted - start, done - drafted)
-        )
+        self.steps.append(StepRecord(len(batch), draft.max_tokens, counts, accepted, drafted - start, done - drafted))
         self.policy.observe(batch, counts, accepted, drafted - start, done - drafted)
 
         outputs = []
@@ -323,9 +313,7 @@ class Engine:
         history = None
         if any(r.params.uses_history for r in batch):
             rows = [r.history if r.history is not None else self._blank_history() for r in batch]
-            base = TokenHistory(
-                torch.cat([h.output_counts for h in rows]), torch.cat([h.prompt_mask for h in rows])
-            )
+            base = TokenHistory(torch.cat([h.output_counts for h in rows]), torch.cat([h.prompt_mask for h in rows]))
             history = base.for_verification(draft.token_ids.to(logits.device)) if t > 1 else base
         return to_probs(logits.reshape(b * t, v), params, history).reshape(b, t, v)
 

@@ -87,9 +87,7 @@ class MeasuredPolicy:
         """Conditional acceptance per draft position (engine-wide, or for one request)."""
         out = []
         for i in range(self.max_k):
-            prior = (self.passed[i] + self.prior_accept * self.prior_weight) / (
-                self.reached[i] + self.prior_weight
-            )
+            prior = (self.passed[i] + self.prior_accept * self.prior_weight) / (self.reached[i] + self.prior_weight)
             if request_id is not None and request_id in self.per_request:
                 reached, passed = self.per_request[request_id]
                 prior = (passed[i] + prior * self.prior_weight) / (reached[i] + self.prior_weight)
@@ -103,9 +101,7 @@ class MeasuredPolicy:
             return exact.value
         known = [(w, e.value) for (b, w), e in self.verify_time.items() if b == batch and e.value is not None]
         if not known:
-            known = [
-                (w, e.value / b * batch) for (b, w), e in self.verify_time.items() if e.value is not None
-            ]
+            known = [(w, e.value / b * batch) for (b, w), e in self.verify_time.items() if e.value is not None]
         if not known:
             return 1.0
         below = [(w, v) for w, v in known if w <= width]
@@ -154,9 +150,7 @@ class MeasuredPolicy:
         if k > 0:
             self.draft_pass[len(batch)].update(draft_seconds / k)
         for req, d, a in zip(batch, drafted, accepted, strict=True):
-            reached, passed = self.per_request.setdefault(
-                req.request_id, ([0.0] * self.max_k, [0.0] * self.max_k)
-            )
+            reached, passed = self.per_request.setdefault(req.request_id, ([0.0] * self.max_k, [0.0] * self.max_k))
             for i in range(min(d, self.max_k)):
                 if i > a:
                     break

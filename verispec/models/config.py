@@ -94,9 +94,7 @@ class ModelConfig:
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(self, key)
             if value is not None and not 0 <= value < self.vocab_size:
-                raise ConfigError(
-                    f"ModelConfig.{key} = {value} is outside the vocabulary [0, {self.vocab_size})"
-                )
+                raise ConfigError(f"ModelConfig.{key} = {value} is outside the vocabulary [0, {self.vocab_size})")
 
     @property
     def num_kv_groups(self) -> int:

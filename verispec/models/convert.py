@@ -79,8 +79,7 @@ TOKENIZER_SAMPLES = (
 def safetensors_bytes(model: GGUFModel, dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes of data :func:`write_safetensors` writes for ``model`` (the header excluded)."""
     return sum(
-        math.prod(model.tensor_info(n).shape) * (4 if n in FP32_TENSORS else dtype.itemsize)
-        for n in model.tensor_names
+        math.prod(model.tensor_info(n).shape) * (4 if n in FP32_TENSORS else dtype.itemsize) for n in model.tensor_names
     )
 
 
@@ -145,9 +144,7 @@ def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
         with open(path, "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
-        raise ModelLoadError(
-            f"{path}: cannot be read ({exc}); re-run `verispec models prepare --force`"
-        ) from exc
+        raise ModelLoadError(f"{path}: cannot be read ({exc}); re-run `verispec models prepare --force`") from exc
     fix = "the file is damaged: prepare the model again (`verispec models prepare NAME --force`)"
     if len(mm) < 8:
         raise ModelLoadError(f"{path}: {len(mm)} bytes is too short for a safetensors file; {fix}")
@@ -168,9 +165,7 @@ def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
             shape = [int(s) for s in entry["shape"]]
             begin, end = (int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ModelLoadError(
-                f"{path}: tensor {name!r} has a malformed or unsupported entry {entry!r}"
-            ) from exc
+            raise ModelLoadError(f"{path}: tensor {name!r} has a malformed or unsupported entry {entry!r}") from exc
         count = math.prod(shape)
         if end - begin != count * torch_dtype.itemsize or base + end > len(mm):
             raise ModelLoadError(f"{path}: tensor {name} ({begin}..{end}) does not fit the file; {fix}")
@@ -212,9 +207,7 @@ def _added(tokenizer: Tokenizer) -> dict[int, tuple[str, bool]]:
     return {i: (t.content, bool(t.special)) for i, t in tokenizer.backend.get_added_tokens_decoder().items()}
 
 
-def verify_tokenizer(
-    original: Tokenizer, reloaded: Tokenizer, samples: Sequence[str] = TOKENIZER_SAMPLES
-) -> None:
+def verify_tokenizer(original: Tokenizer, reloaded: Tokenizer, samples: Sequence[str] = TOKENIZER_SAMPLES) -> None:
     """Raise :class:`ModelLoadError` unless ``reloaded`` behaves as ``original``: same vocabulary,
     added tokens, special ids, stop ids, chat template, and the same ids for every sample (and the
     chat rendering of a short conversation)."""
@@ -241,9 +234,7 @@ def verify_tokenizer(
                 f"the saved tokenizer does not reload identically: {what} changed "
                 f"({str(before)[:200]} -> {str(after)[:200]}); this is a verispec bug, please report it"
             )
-    if original.backend.get_vocab(with_added_tokens=True) != reloaded.backend.get_vocab(
-        with_added_tokens=True
-    ):
+    if original.backend.get_vocab(with_added_tokens=True) != reloaded.backend.get_vocab(with_added_tokens=True):
         raise ModelLoadError(
             "the saved tokenizer does not reload identically: the vocabulary changed; "
             "this is a verispec bug, please report it"

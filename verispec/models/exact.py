@@ -36,9 +36,7 @@ def exact_prefix_law_lm(
     model's vocabulary)."""
     vocab = vocab_limit or model.config.vocab_size
     if vocab**prefix_len > max_cells:
-        raise ConfigError(
-            f"{vocab}^{prefix_len} sequences are too many to enumerate; use a smaller model or prefix"
-        )
+        raise ConfigError(f"{vocab}^{prefix_len} sequences are too many to enumerate; use a smaller model or prefix")
     law = np.ones(1, dtype=np.float64)  # law of the prefixes of length t, base-V indexed
     for t in range(prefix_len):
         prefixes = list(itertools.product(range(vocab), repeat=t))  # in base-V order
@@ -50,9 +48,7 @@ def exact_prefix_law_lm(
         logits = cut_vocab(logits, vocab)[:, :vocab]
         history = None
         if params.uses_history:
-            history = TokenHistory.from_ids(
-                [prompt] * len(rows), [list(p) for p in prefixes], vocab, model.device
-            )
+            history = TokenHistory.from_ids([prompt] * len(rows), [list(p) for p in prefixes], vocab, model.device)
         probs = to_probs(logits, [params] * len(rows), history).to(torch.float64).cpu().numpy()  # [M, V]
         law = (law[:, None] * probs).reshape(-1)
     return law

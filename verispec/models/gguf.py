@@ -129,9 +129,7 @@ def _unpermute_tensor(rows: Tensor, n_heads: int) -> Tensor:
 def _unpermute_blocks(rows: np.ndarray, n_heads: int) -> np.ndarray:
     """:func:`_unpermute_tensor` for the rows of raw quantised blocks: [R, row_bytes] uint8."""
     shape = rows.shape
-    return np.ascontiguousarray(
-        rows.reshape(n_heads, shape[0] // n_heads // 2, 2, -1).swapaxes(1, 2)
-    ).reshape(shape)
+    return np.ascontiguousarray(rows.reshape(n_heads, shape[0] // n_heads // 2, 2, -1).swapaxes(1, 2)).reshape(shape)
 
 
 class GGUFModel:
@@ -348,8 +346,7 @@ def config_from_gguf(file: GGUFFile) -> ModelConfig:
         raise ModelLoadError(f"{file.path.name}: general.architecture is missing; not a model GGUF")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
-            f"{file.path.name}: architecture {arch!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"{file.path.name}: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     hidden = _int(file, f"{arch}.embedding_length")
     heads = _int(file, f"{arch}.attention.head_count")

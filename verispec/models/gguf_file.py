@@ -102,9 +102,7 @@ class _Cursor:
         try:
             return bytes(raw).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ModelLoadError(
-                f"{self.path}: {what} is not valid UTF-8 ({exc}); the file is corrupt"
-            ) from exc
+            raise ModelLoadError(f"{self.path}: {what} is not valid UTF-8 ({exc}); the file is corrupt") from exc
 
     def string_array(self, count: int, what: str) -> list[str]:
         # The hot loop of opening a model file (150k-token vocabularies): keep it tight.
@@ -144,9 +142,7 @@ class _Cursor:
             self.pos += count * dtype.itemsize
             return arr
         if vtype not in _SCALARS:
-            raise ModelLoadError(
-                f"{self.path}: {what} has unknown GGUF value type {vtype}; the file is corrupt"
-            )
+            raise ModelLoadError(f"{self.path}: {what} has unknown GGUF value type {vtype}; the file is corrupt")
         value = self.scalar(_SCALARS[vtype][0], what)
         return bool(value) if vtype == _BOOL else value
 
@@ -169,9 +165,7 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise ModelLoadError(
-                f"{self.path}: no such GGUF file. Check the path (or prepare the model files)."
-            )
+            raise ModelLoadError(f"{self.path}: no such GGUF file. Check the path (or prepare the model files).")
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if size < 24:
@@ -219,9 +213,7 @@ class GGUFFile:
             name = cur.string(f"name of tensor #{i}")
             n_dims = cur.scalar("<I", f"rank of {name}")
             if n_dims > 8:
-                raise ModelLoadError(
-                    f"{self.path}: tensor {name} claims {n_dims} dimensions; the file is corrupt"
-                )
+                raise ModelLoadError(f"{self.path}: tensor {name} claims {n_dims} dimensions; the file is corrupt")
             dims = [cur.scalar("<Q", f"shape of {name}") for _ in range(n_dims)]
             type_id = cur.scalar("<I", f"type of {name}")
             offset = cur.scalar("<Q", f"offset of {name}")
@@ -239,9 +231,7 @@ class GGUFFile:
                     f"gguf package; upgrade it (pip install -U gguf) or use another quantisation"
                 ) from exc
             if dims and dims[0] % block:
-                raise ModelLoadError(
-                    f"{self.path}: tensor {name} row of {dims[0]} is not whole {type_name} blocks"
-                )
+                raise ModelLoadError(f"{self.path}: tensor {name} row of {dims[0]} is not whole {type_name} blocks")
             nbytes = numel // block * type_size
             start = data_offset + offset
             if start + nbytes > size:

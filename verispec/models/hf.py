@@ -134,12 +134,8 @@ def _rope(config: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     factor, original = params.get("factor"), params.get("original_max_position_embeddings")
     if not isinstance(factor, int | float) or isinstance(factor, bool):
         raise ModelLoadError(f"config.json: RoPE scaling {kind!r} needs a numeric factor, got {factor!r}")
-    extra = sorted(
-        (k, v) for k, v in params.items() if k not in _ROPE_KEYS and isinstance(v, int | float | str)
-    )
-    return float(theta), RopeScaling(
-        kind, float(factor), original if isinstance(original, int) else None, tuple(extra)
-    )
+    extra = sorted((k, v) for k, v in params.items() if k not in _ROPE_KEYS and isinstance(v, int | float | str))
+    return float(theta), RopeScaling(kind, float(factor), original if isinstance(original, int) else None, tuple(extra))
 
 
 def _token(config: Mapping[str, Any], key: str, vocab: int) -> int | None:
@@ -274,8 +270,7 @@ def _weight_files(root: Path) -> Sequence[tuple[Path, Sequence[str] | None]]:
             "safe_serialization=True) (transformers 5 always writes safetensors)"
         )
     raise ModelLoadError(
-        f"{root}: no model.safetensors or model.safetensors.index.json; "
-        "download the model's safetensors files"
+        f"{root}: no model.safetensors or model.safetensors.index.json; download the model's safetensors files"
     )
 
 
@@ -304,8 +299,7 @@ def load_hf_folder(
                     state[name] = tensor.to(device=dev, dtype=to)
         except (SafetensorError, OSError) as exc:
             raise ModelLoadError(
-                f"{file}: not a readable safetensors file ({exc}); it is truncated or corrupt: "
-                "download it again"
+                f"{file}: not a readable safetensors file ({exc}); it is truncated or corrupt: download it again"
             ) from exc
     logger.info("loaded %s: %d tensors as %s on %s", root.name, len(state), target, dev)
     return config, state
@@ -352,8 +346,7 @@ class HFCache:
         """Claim the one slot (0), empty."""
         if self._in_use:
             raise InputError(
-                "the Hugging Face adapter's cache holds one sequence and it is in use; "
-                "remove_sequence(0) first"
+                "the Hugging Face adapter's cache holds one sequence and it is in use; remove_sequence(0) first"
             )
         self.reset(in_use=True)
         return 0
@@ -381,9 +374,7 @@ class HFCache:
     def sync_bounds(self) -> None:
         """Nothing to do: lengths are host integers here."""
 
-    def next_positions(
-        self, num_tokens: int, slots: Sequence[int] | None = None, batch_size: int = 1
-    ) -> Tensor:
+    def next_positions(self, num_tokens: int, slots: Sequence[int] | None = None, batch_size: int = 1) -> Tensor:
         """``[1, T]`` int64: ``length + t``."""
         self.resolve_slots(slots, len(slots) if slots is not None else batch_size)
         return self._length + torch.arange(num_tokens, dtype=torch.int64, device=self.device)[None, :]
@@ -537,9 +528,7 @@ class HFCausalLMAdapter:
         hidden: bool,
     ) -> ForwardOutput:
         if not isinstance(cache, HFCache):
-            raise InputError(
-                "the Hugging Face adapter needs its own cache: use adapter.new_cache(1, max_len)"
-            )
+            raise InputError("the Hugging Face adapter needs its own cache: use adapter.new_cache(1, max_len)")
         if tokens.dim() != 2:
             raise InputError(f"tokens must be [B, T] int64, got shape {tuple(tokens.shape)}")
         if attn_mask is not None:
@@ -622,6 +611,4 @@ def _describe(hf_config: Any, vocab: int, tied: bool) -> ModelConfig:
             name=str(as_dict.get("_name_or_path") or ""),
         )
     except ConfigError as exc:
-        raise UnsupportedModelError(
-            f"cannot describe this {type(hf_config).__name__} as a ModelConfig: {exc}"
-        ) from exc
+        raise UnsupportedModelError(f"cannot describe this {type(hf_config).__name__} as a ModelConfig: {exc}") from exc

@@ -147,9 +147,7 @@ class KVCache:
         rows runs on; ``None`` means slots ``0 .. B-1``."""
         host = list(range(batch_size)) if slots is None else [int(s) for s in slots]
         if len(host) != batch_size:
-            raise InputError(
-                f"{len(host)} slots given for a batch of {batch_size} rows; pass one slot per row"
-            )
+            raise InputError(f"{len(host)} slots given for a batch of {batch_size} rows; pass one slot per row")
         if len(set(host)) != len(host):
             raise InputError(f"slots must be distinct, got {host}")
         for s in host:
@@ -257,17 +255,11 @@ class KVCache:
 
     def end_step(self, plan: StepPlan) -> None:
         """Commit the step: ``lengths[rows] += num_new``."""
-        added = (
-            plan.num_new
-            if plan.num_new is not None
-            else torch.full_like(plan.lengths, plan.write_pos.shape[1])
-        )
+        added = plan.num_new if plan.num_new is not None else torch.full_like(plan.lengths, plan.write_pos.shape[1])
         self.lengths.index_copy_(0, plan.rows, plan.lengths + added)
 
     # ---------------------------------------------------------------------------- positions
-    def next_positions(
-        self, num_tokens: int, slots: Sequence[int] | None = None, batch_size: int = 1
-    ) -> Tensor:
+    def next_positions(self, num_tokens: int, slots: Sequence[int] | None = None, batch_size: int = 1) -> Tensor:
         """``[B, T]`` int64: positions of a chain of ``T = num_tokens`` new tokens per row,
         ``lengths[slot] + t`` (the usual positions of prefill, decode and chain verification)."""
         b = len(slots) if slots is not None else batch_size
@@ -365,9 +357,7 @@ class KVCache:
             for buf in (self.k, self.v):
                 moved = buf[:, row_idx, :, src]  # [B, M, L, H_kv, D]: a copy, sources and targets overlap
                 buf[:, row_idx, :, dst] = moved
-            self.lengths.index_copy_(
-                0, rows, torch.minimum(start + counts, self.lengths.index_select(0, rows))
-            )
+            self.lengths.index_copy_(0, rows, torch.minimum(start + counts, self.lengths.index_select(0, rows)))
         if host_counts is not None:
             for s, c in zip(host, host_counts, strict=True):
                 self._bound[s] = min(self._bound[s], self._start_bound[s] + c)

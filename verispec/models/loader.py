@@ -105,9 +105,7 @@ def _stage(progress: ProgressFn | None) -> Callable[[str, int, int], None] | Non
     return lambda _name, done, total: progress("load", done, total)
 
 
-def _load_prepared(
-    folder: Path, name: str, dtype: torch.dtype, device: str, progress: ProgressFn | None
-) -> _Loaded:
+def _load_prepared(folder: Path, name: str, dtype: torch.dtype, device: str, progress: ProgressFn | None) -> _Loaded:
     from verispec.models.convert import CONFIG_FORMAT, load_safetensors
 
     data = read_json(folder / CONFIG_FILE)
@@ -140,9 +138,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: str, progress: ProgressFn
     from verispec.models.vocab import gguf_vocab_size
 
     gguf = GGUFModel(path)
-    model = Transformer(
-        gguf.config, gguf.state_dict(dtype, progress=_stage(progress)), dtype=dtype, device=device
-    )
+    model = Transformer(gguf.config, gguf.state_dict(dtype, progress=_stage(progress)), dtype=dtype, device=device)
     return gguf.config, model, Tokenizer.from_gguf(gguf.file), path, gguf_vocab_size(gguf.file)
 
 

@@ -237,8 +237,7 @@ def dequantize_blocks(blocks: Tensor, type_name: str) -> Tensor:
     fmt = block_format(type_name)
     if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != fmt.type_size:
         raise InputError(
-            f"{type_name} blocks must be a [N, {fmt.type_size}] uint8 tensor, "
-            f"got {tuple(blocks.shape)} {blocks.dtype}"
+            f"{type_name} blocks must be a [N, {fmt.type_size}] uint8 tensor, got {tuple(blocks.shape)} {blocks.dtype}"
         )
     return _KERNELS[type_name](blocks)
 
@@ -266,9 +265,7 @@ def dequantize(
     n_blocks = numel // fmt.block_size
     flat = data.reshape(-1).view(np.uint8)
     if flat.size != n_blocks * fmt.type_size:
-        raise InputError(
-            f"{type_name} tensor of shape {shape} needs {n_blocks * fmt.type_size} bytes, got {flat.size}"
-        )
+        raise InputError(f"{type_name} tensor of shape {shape} needs {n_blocks * fmt.type_size} bytes, got {flat.size}")
     raw = flat.reshape(n_blocks, fmt.type_size)  # [n_blocks, type_size] uint8
     out = torch.empty(n_blocks, fmt.block_size, dtype=dtype)  # [n_blocks, block_size]
     kernel = _KERNELS[type_name]

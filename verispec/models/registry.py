@@ -228,9 +228,7 @@ def get_entry(name: str) -> ModelEntry:
     """The registry entry of ``name``; :class:`ConfigError` listing the known names if unknown."""
     entry = MODELS.get(name)
     if entry is None:
-        raise ConfigError(
-            f"unknown model {name!r}; known models: {', '.join(MODELS)} (see `verispec models list`)"
-        )
+        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(MODELS)} (see `verispec models list`)")
     return entry
 
 
@@ -450,9 +448,7 @@ def prepare(
     return PrepareResult(entry.name, folder, False, time.perf_counter() - start, disk_bytes(folder), stages)
 
 
-def _build(
-    entry: ModelEntry, paths: list[Path], folder: Path, progress: ProgressFn | None
-) -> dict[str, float]:
+def _build(entry: ModelEntry, paths: list[Path], folder: Path, progress: ProgressFn | None) -> dict[str, float]:
     from verispec.models.convert import (
         CONFIG_FORMAT,
         safetensors_bytes,
@@ -472,9 +468,7 @@ def _build(
 
     model = GGUFModel(folder / GGUF_FILE)
     _check_space(folder, safetensors_bytes(model), f"{entry.name}'s bf16 weights")
-    write_safetensors(
-        model, folder / WEIGHTS_FILE, metadata={"source_sha256": entry.sha256}, progress=progress
-    )
+    write_safetensors(model, folder / WEIGHTS_FILE, metadata={"source_sha256": entry.sha256}, progress=progress)
     stages["convert"] = (t2 := time.perf_counter()) - t1
 
     tokenizer = Tokenizer.from_gguf(model.file)
@@ -490,9 +484,7 @@ def _build(
         progress("tokenizer", 1, 1)
     stages["tokenizer"] = time.perf_counter() - t2
 
-    files = {
-        p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER_FILE
-    }
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER_FILE}
     marker = {
         "format": MARKER_FORMAT,
         "name": entry.name,

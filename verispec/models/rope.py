@@ -97,9 +97,7 @@ def _yarn_inv_freq(theta: float, dim: int, params: dict[str, Any], max_position:
     pos_freqs = theta ** (torch.arange(0, dim, 2).to(torch.float32) / dim)  # [dim/2] fp32
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     extrapolation_weight = 1 - ramp  # [dim/2]
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (
-        1.0 / pos_freqs
-    ) * extrapolation_weight
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
     return inv_freq, float(attention_factor)
 
 
@@ -171,17 +169,11 @@ class RotaryEmbedding:
         pos = positions if valid is None else torch.where(valid, positions, 0)  # [B, T] int64
         seq_len = (pos.amax(dim=1) + 1).clamp(min=self.max_position).to(torch.float32)  # [B]
         factor, dim = self.dynamic_factor, self.dim
-        base = self.theta * ((factor * seq_len / self.max_position) - (factor - 1)) ** (
-            dim / (dim - 2)
-        )  # [B]
-        exponents = (
-            torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).to(torch.float32) / dim
-        )
+        base = self.theta * ((factor * seq_len / self.max_position) - (factor - 1)) ** (dim / (dim - 2))  # [B]
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).to(torch.float32) / dim
         return (1.0 / (base[:, None] ** exponents[None, :]))[:, None, :]  # [B, 1, D/2]
 
-    def cos_sin(
-        self, positions: Tensor, dtype: torch.dtype, valid: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``positions`` ``[B, T]`` int64 -> ``(cos, sin)``, each ``[B, T, 1, D]`` in ``dtype``
         (the trailing 1 broadcasts over heads). ``valid`` ``[B, T]`` bool marks real (non-padding)
         tokens; only the dynamic scaling looks at it."""

@@ -105,9 +105,7 @@ def build_gguf_backend(file: GGUFFile, *, nfc: bool = False) -> BackendTokenizer
     name = file.path.name
     model = file.get("tokenizer.ggml.model")
     if model is None:
-        raise ModelLoadError(
-            f"{name}: the file has no tokenizer (no tokenizer.ggml.model); load one from elsewhere"
-        )
+        raise ModelLoadError(f"{name}: the file has no tokenizer (no tokenizer.ggml.model); load one from elsewhere")
     if model != "gpt2":
         raise UnsupportedModelError(
             f"{name}: tokenizer model {model!r} is not supported; supported: 'gpt2' (byte-level BPE, "
@@ -120,9 +118,7 @@ def build_gguf_backend(file: GGUFFile, *, nfc: bool = False) -> BackendTokenizer
         )
     tokens, merges = file.get("tokenizer.ggml.tokens"), file.get("tokenizer.ggml.merges")
     if not isinstance(tokens, list) or not isinstance(merges, list):
-        raise ModelLoadError(
-            f"{name}: tokenizer.ggml.tokens / merges are missing; the GGUF has no BPE tokenizer"
-        )
+        raise ModelLoadError(f"{name}: tokenizer.ggml.tokens / merges are missing; the GGUF has no BPE tokenizer")
     types = file.get("tokenizer.ggml.token_type")
     token_types = [int(t) for t in types] if isinstance(types, np.ndarray) else []
     table = _byte_alphabet()
@@ -274,9 +270,7 @@ class Tokenizer:
         root = Path(folder)
         path = root / "tokenizer.json"
         if not path.is_file():
-            raise ModelLoadError(
-                f"{root}: no tokenizer.json; a Hugging Face 'fast' tokenizer file is required"
-            )
+            raise ModelLoadError(f"{root}: no tokenizer.json; a Hugging Face 'fast' tokenizer file is required")
         try:
             backend = BackendTokenizer.from_file(str(path))
         except Exception as exc:  # the Rust side raises a plain Exception for a malformed file
@@ -313,9 +307,7 @@ class Tokenizer:
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
-        return [
-            list(e.ids) for e in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-        ]
+        return [list(e.ids) for e in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of ``ids``; invalid UTF-8 (a multi-byte character cut in the middle) becomes U+FFFD."""

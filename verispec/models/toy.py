@@ -43,9 +43,7 @@ class MarkovLM:
             raise ConfigError(f"a Markov model needs order >= 1, got {order}")
         vocab = table.shape[-1]
         if table.dim() != 2 or table.shape[0] != vocab**order:
-            raise InputError(
-                f"table must be [V ** order, V] = [{vocab**order}, {vocab}], got {tuple(table.shape)}"
-            )
+            raise InputError(f"table must be [V ** order, V] = [{vocab**order}, {vocab}], got {tuple(table.shape)}")
         self.table = table.to(torch.float32)
         self.order = order
         self.vocab_size = vocab
@@ -57,9 +55,7 @@ class MarkovLM:
         """
         index = torch.zeros_like(ends)
         for j in range(self.order):
-            index = index * self.vocab_size + tokens.gather(1, (ends - self.order + j).unsqueeze(1)).squeeze(
-                1
-            )
+            index = index * self.vocab_size + tokens.gather(1, (ends - self.order + j).unsqueeze(1)).squeeze(1)
         return self.table[index]
 
 
@@ -175,19 +171,13 @@ def generate(
     with ``seed`` (the rule draws for them as one block); greedy params use none.
     """
     if len(prompt) < target.order:
-        raise ConfigError(
-            f"the prompt needs at least {target.order} tokens for an order-{target.order} model"
-        )
+        raise ConfigError(f"the prompt needs at least {target.order} tokens for an order-{target.order} model")
     if k < 0 or prefix_len < 1 or num_sequences < 1:
-        raise ConfigError(
-            f"need k >= 0, prefix_len >= 1, num_sequences >= 1; got {k}, {prefix_len}, {num_sequences}"
-        )
+        raise ConfigError(f"need k >= 0, prefix_len >= 1, num_sequences >= 1; got {k}, {prefix_len}, {num_sequences}")
     if drafter is None:
         k = 0
     elif drafter.model.vocab_size != target.vocab_size:
-        raise InputError(
-            f"draft vocabulary {drafter.model.vocab_size} != target vocabulary {target.vocab_size}"
-        )
+        raise InputError(f"draft vocabulary {drafter.model.vocab_size} != target vocabulary {target.vocab_size}")
     vocab, start = target.vocab_size, len(prompt)
     width = start + prefix_len + k + 1
     tokens = torch.full((num_sequences, width), 0, dtype=torch.long)
@@ -250,9 +240,7 @@ def exact_prefix_law(
     """
     vocab = model.vocab_size
     if vocab**prefix_len > 2_000_000:
-        raise ConfigError(
-            f"{vocab}^{prefix_len} sequences are too many to enumerate; lower prefix_len or vocab"
-        )
+        raise ConfigError(f"{vocab}^{prefix_len} sequences are too many to enumerate; lower prefix_len or vocab")
     seqs = torch.tensor(list(itertools.product(range(vocab), repeat=prefix_len)), dtype=torch.long)  # [M, n]
     m = seqs.shape[0]
     start = len(prompt)
@@ -262,9 +250,7 @@ def exact_prefix_law(
         hist = None
         if params.uses_history:
             base = TokenHistory.from_ids([prompt], [[]], vocab)
-            hist = TokenHistory(base.output_counts.repeat(m, 1), base.prompt_mask.repeat(m, 1)).extended(
-                seqs[:, :t]
-            )
+            hist = TokenHistory(base.output_counts.repeat(m, 1), base.prompt_mask.repeat(m, 1)).extended(seqs[:, :t])
         probs = to_probs(model.logits(full, torch.full((m,), start + t)), [params] * m, hist)
         law *= probs.gather(1, seqs[:, t : t + 1]).squeeze(1).to(torch.float64)
     return law.numpy()

@@ -219,9 +219,7 @@ class Transformer(nn.Module):
         # A tied checkpoint may still carry lm_head.weight; old ones carry rotary inv_freq buffers;
         # GGUF files of Llama 3.1+ carry RoPE frequency factors (used by the RotaryEmbedding).
         ignorable = {
-            k
-            for k in state_dict
-            if k in ("lm_head.weight", ROPE_FREQS_KEY) or k.endswith("rotary_emb.inv_freq")
+            k for k in state_dict if k in ("lm_head.weight", ROPE_FREQS_KEY) or k.endswith("rotary_emb.inv_freq")
         }
         unexpected = sorted(set(state_dict) - set(expected) - ignorable)
         if missing or unexpected:
@@ -304,9 +302,7 @@ class Transformer(nn.Module):
             raise InputError(f"tokens must be [B, T] int64, got shape {tuple(tokens.shape)}")
         b, t = tokens.shape
         if positions is not None and tuple(positions.shape) != (b, t):
-            raise InputError(
-                f"positions must have the shape of tokens {(b, t)}, got {tuple(positions.shape)}"
-            )
+            raise InputError(f"positions must have the shape of tokens {(b, t)}, got {tuple(positions.shape)}")
         if attn_mask is not None and (tuple(attn_mask.shape) != (b, t, t) or attn_mask.dtype != torch.bool):
             raise InputError(f"attn_mask must be [B, T, T] = {(b, t, t)} bool, got {tuple(attn_mask.shape)}")
         if logits_at is not None and (logits_at.dim() != 2 or logits_at.shape[0] != b):
@@ -328,9 +324,7 @@ class Transformer(nn.Module):
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
             h = self.model.norm(h)  # [B, T, C]
             cache.end_step(plan)
-            picked = (
-                h if logits_at is None else h.gather(1, logits_at[:, :, None].expand(-1, -1, h.shape[-1]))
-            )
+            picked = h if logits_at is None else h.gather(1, logits_at[:, :, None].expand(-1, -1, h.shape[-1]))
             logits = _linear(picked, self.lm_weight).to(torch.float32)  # [B, N, V] fp32
         return ForwardOutput(logits=logits, hidden=h)
 

@@ -103,9 +103,7 @@ def _texts(tokenizer: Tokenizer, n: int) -> list[str | None]:
 
 
 def _specials(tokenizer: Tokenizer, n: int) -> dict[int, str]:
-    return {
-        i: t.content for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special and i < n
-    }
+    return {i: t.content for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special and i < n}
 
 
 def check_compatible(target: VocabModel, draft: VocabModel) -> SharedVocab:

@@ -108,9 +108,7 @@ class AcceptanceRule(Protocol):
     lossless: ClassVar[bool]
     name: ClassVar[str]
 
-    def verify(
-        self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]
-    ) -> Verdict: ...
+    def verify(self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]) -> Verdict: ...
 
 
 def check_inputs(
@@ -171,9 +169,7 @@ def assemble(token_ids: Tensor, num_accepted: Tensor, final: Tensor) -> Tensor:
     then ``PAD_ID``. ``token_ids`` ``[B, K]``, ``num_accepted`` and ``final`` ``[B]`` int64."""
     batch, k = token_ids.shape
     pos = torch.arange(k + 1, device=token_ids.device).unsqueeze(0)  # [1, K+1]
-    padded = torch.cat(
-        [token_ids, torch.full((batch, 1), PAD_ID, dtype=torch.long, device=token_ids.device)], 1
-    )
+    padded = torch.cat([token_ids, torch.full((batch, 1), PAD_ID, dtype=torch.long, device=token_ids.device)], 1)
     out = torch.where(pos < num_accepted.unsqueeze(1), padded, PAD_ID)
     return out.scatter(1, num_accepted.unsqueeze(1), final.unsqueeze(1))
 

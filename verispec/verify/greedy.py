@@ -30,9 +30,7 @@ class GreedyRule:
     def __init__(self, *, check_values: bool = True) -> None:
         self.check_values = check_values
 
-    def verify(
-        self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]
-    ) -> Verdict:
+    def verify(self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]) -> Verdict:
         check_inputs(draft, target_probs, generators, check_values=self.check_values)
         k = draft.token_ids.shape[1]
         mode = target_probs.argmax(dim=2)  # [B, K + 1]

@@ -64,9 +64,7 @@ def _verdict(rows: list[list[int]], k: int, accepted: list[int], device: torch.d
     return Verdict(out.to(device), torch.tensor(accepted, dtype=torch.long, device=device))
 
 
-def reference_rejection(
-    draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]
-) -> Verdict:
+def reference_rejection(draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]) -> Verdict:
     """Leviathan et al. (2023) Algorithm 1, one token at a time."""
     batch, k = draft.token_ids.shape
     vocab = target_probs.shape[2]

@@ -44,9 +44,7 @@ class RejectionRule:
     def __init__(self, *, check_values: bool = True) -> None:
         self.check_values = check_values
 
-    def verify(
-        self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]
-    ) -> Verdict:
+    def verify(self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]) -> Verdict:
         check_inputs(draft, target_probs, generators, check_values=self.check_values)
         batch, k = draft.token_ids.shape
         vocab = target_probs.shape[2]

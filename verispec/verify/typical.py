@@ -45,9 +45,7 @@ class TypicalRule:
         self.delta = delta
         self.check_values = check_values
 
-    def verify(
-        self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]
-    ) -> Verdict:
+    def verify(self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]) -> Verdict:
         check_inputs(draft, target_probs, generators, check_values=self.check_values)
         batch, k = draft.token_ids.shape
         device = target_probs.device
