@@ -26,12 +26,12 @@ from torch import Tensor
 from verispec.errors import ConfigError, InputError, ModelLoadError, UnsupportedModelError
 from verispec.models.config import ModelConfig, RopeScaling
 from verispec.models.hf import (
-    HFCausalLMAdapter,
     config_from_hf,
     load_hf_folder,
     read_hf_config,
     resolve_dtype,
 )
+from verispec.models.hf_adapter import HFCausalLMAdapter
 from verispec.models.tokenizer import Tokenizer
 from verispec.models.transformer import Transformer
 
