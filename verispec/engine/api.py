@@ -95,7 +95,17 @@ def build(
         draft_head=draft_head,
         keep_ids=tuple(target_model.tokenizer.eos_token_ids),
     )
-    engine = Engine(target_model.model, target_model.tokenizer, d, config, vocab_limit=vocab)
+    policy = None
+    if d is not None and k is None:
+        from verispec.engine.calibrate import load_or_calibrate
+        from verispec.engine.policy import make_policy
+        from verispec.models.registry import verispec_home
+
+        costs = load_or_calibrate(
+            target_model.model, target_model.name, verispec_home(), batch_sizes=sorted({1, max_batch})
+        )
+        policy = make_policy(config, speculative=True, costs=costs)
+    engine = Engine(target_model.model, target_model.tokenizer, d, config, vocab_limit=vocab, policy=policy)
     return Pipeline(engine, target_model, draft_model)
 
 

@@ -11,8 +11,12 @@ second. ``k = 0`` (no speculation) wins when drafting is too expensive for its a
 the target pass stops being flat in ``k`` (compute-bound: large batches, long contexts), which is
 "speculate only while decode is memory-bound", measured instead of assumed.
 
-Costs start from a prior (a flat verification curve and a draft pass at 20% of a target pass), so
-the first steps draft a few tokens and measure; estimates then follow the machine.
+Costs start from the calibration of the target measured on this machine at first use
+(:mod:`verispec.engine.calibrate`), or from a prior (a flat verification curve and a draft pass at
+20% of a target pass); the draft's cost is learnt from the first steps; every estimate then follows
+the times of real steps. While speculation is off, a short probe draft every ``probe_every`` steps
+keeps the acceptance estimates alive, so that speculation comes back when the text becomes
+predictable again.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from verispec.config import EngineConfig
+from verispec.engine.calibrate import CostTable
 from verispec.engine.request import Request
 
 
@@ -70,7 +75,14 @@ class _Ema:
 class MeasuredPolicy:
     """Chooses K to maximise expected output tokens per second (see the module docstring)."""
 
-    def __init__(self, max_k: int, prior_accept: float = 0.6, prior_weight: float = 4.0) -> None:
+    def __init__(
+        self,
+        max_k: int,
+        prior_accept: float = 0.6,
+        prior_weight: float = 4.0,
+        costs: CostTable | None = None,
+        probe_every: int = 16,
+    ) -> None:
         self.max_k = max_k
         self.prior_accept = prior_accept
         self.prior_weight = prior_weight
@@ -81,6 +93,11 @@ class MeasuredPolicy:
         # Costs: target pass time per (batch, width) and draft pass time per batch.
         self.verify_time: dict[tuple[int, int], _Ema] = defaultdict(_Ema)
         self.draft_pass: dict[int, _Ema] = defaultdict(_Ema)
+        if costs is not None:
+            for key, seconds in costs.seconds.items():
+                self.verify_time[key].update(seconds)
+        self.probe_every = probe_every
+        self._idle_steps = 0  # consecutive steps without speculation
 
     # ---------------------------------------------------------------------------- estimates
     def acceptance(self, request_id: str | None = None) -> list[float]:
@@ -96,6 +113,9 @@ class MeasuredPolicy:
 
     def _verify_cost(self, batch: int, width: int) -> float:
         """Seconds of a target pass over ``width`` tokens per row, from the nearest measurement."""
+        return max(self._verify_estimate(batch, width), 1e-9)
+
+    def _verify_estimate(self, batch: int, width: int) -> float:
         exact = self.verify_time.get((batch, width))
         if exact is not None and exact.value is not None:
             return exact.value
@@ -135,6 +155,12 @@ class MeasuredPolicy:
             rate = tokens / (k * draft + self._verify_cost(n, k + 1))
             if rate > best_rate * 1.01:  # a longer draft must earn its keep
                 best_k, best_rate = k, rate
+        if best_k == 0:
+            self._idle_steps += 1
+            if self.probe_every and self._idle_steps % self.probe_every == 0:
+                best_k = 1  # a cheap probe: keeps the acceptance and cost estimates current
+        else:
+            self._idle_steps = 0
         return [max(0, min(best_k, b)) for b in budgets]
 
     def observe(
@@ -164,9 +190,9 @@ class MeasuredPolicy:
             del self.per_request[rid]
 
 
-def make_policy(config: EngineConfig, speculative: bool) -> DraftPolicy:
+def make_policy(config: EngineConfig, speculative: bool, costs: CostTable | None = None) -> DraftPolicy:
     if not speculative:
         return FixedPolicy(0)
     if config.num_draft_tokens is not None:
         return FixedPolicy(config.num_draft_tokens)
-    return MeasuredPolicy(config.max_draft_tokens)
+    return MeasuredPolicy(config.max_draft_tokens, costs=costs)

@@ -1,0 +1,131 @@
+"""Measuring the target's pass cost on this machine, once, and remembering it.
+
+Speculation pays while a target pass over ``K + 1`` tokens costs about as much as a pass over one
+(memory-bound). Whether it does depends on the hardware, the precision, the batch size and the
+kernels, so it is measured, not assumed: :func:`calibrate` times target passes over a grid of batch
+sizes and widths (tokens per row), and the result is cached under
+``$VERISPEC_HOME/calibration/`` keyed by the model, its precision and device, the thread count and
+the torch version. :class:`~verispec.engine.policy.MeasuredPolicy` starts from it and refines it
+with the times of real steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.models.files import write_json
+from verispec.models.protocol import LanguageModel
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Seconds of one target pass by (batch size, tokens per row), measured at ``context`` cached
+    tokens per row."""
+
+    seconds: dict[tuple[int, int], float]
+    context: int
+    key: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "key": self.key,
+            "context": self.context,
+            "seconds": [[b, w, s] for (b, w), s in sorted(self.seconds.items())],
+        }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> CostTable:
+        return CostTable(
+            {(int(b), int(w)): float(s) for b, w, s in data["seconds"]}, int(data["context"]), str(data["key"])
+        )
+
+    def relative(self, batch: int) -> dict[int, float]:
+        """Cost of each width relative to width 1, for ``batch`` rows (nearest measured batch)."""
+        batches = sorted({b for b, _ in self.seconds})
+        nearest = min(batches, key=lambda b: abs(b - batch))
+        base = self.seconds.get((nearest, 1))
+        return {w: s / base for (b, w), s in self.seconds.items() if b == nearest and base}
+
+
+def fingerprint(model: LanguageModel, name: str) -> str:
+    """What the costs depend on: model identity and shape, precision, device, threads, torch."""
+    c = model.config
+    parts = [
+        name, c.architecture, str(c.num_layers), str(c.hidden_size), str(c.intermediate_size), str(c.vocab_size),
+        str(model.dtype), str(model.device), str(torch.get_num_threads()), torch.__version__,
+        type(model).__name__,
+    ]  # fmt: skip
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def cache_path(home: Path, key: str) -> Path:
+    return home / "calibration" / f"{key}.json"
+
+
+@torch.inference_mode()
+def calibrate(
+    model: LanguageModel,
+    *,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    widths: Sequence[int] = (1, 2, 3, 5, 9),
+    context: int = 128,
+    repeats: int = 3,
+    key: str = "",
+) -> CostTable:
+    """Time target passes (median of ``repeats`` after one warm-up) over the grid."""
+    seconds: dict[tuple[int, int], float] = {}
+    max_batch = max(batch_sizes)
+    cache = model.new_cache(max_batch, context + max(widths) + 1)
+    slots = [cache.add_sequence() for _ in range(max_batch)]
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (max_batch, context), generator=gen).to(model.device)
+    last = torch.zeros((max_batch, 1), dtype=torch.long, device=model.device) + context - 1
+    model.forward(prompt, None, cache, slots=slots, logits_at=last)
+    for batch in batch_sizes:
+        for width in widths:
+            tokens = torch.randint(0, vocab, (batch, width), generator=gen).to(model.device)
+            times = []
+            for r in range(repeats + 1):
+                start = time.perf_counter()
+                model.forward(tokens, None, cache, slots=slots[:batch])
+                elapsed = time.perf_counter() - start
+                cache.truncate([context] * batch, slots[:batch])
+                if r > 0:
+                    times.append(elapsed)
+            seconds[(batch, width)] = statistics.median(times)
+    return CostTable(seconds, context, key)
+
+
+def load_or_calibrate(model: LanguageModel, name: str, home: Path, **kwargs: Any) -> CostTable:
+    """The cached table for this model and machine, or a fresh measurement (then cached)."""
+    key = fingerprint(model, name)
+    path = cache_path(home, key)
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") == FORMAT and data.get("key") == key:
+                return CostTable.from_dict(data)
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("ignoring an unreadable calibration file %s", path)
+    log.info("measuring the target's pass costs on this machine (once; cached in %s)", path)
+    table = calibrate(model, key=key, **kwargs)
+    os.makedirs(path.parent, exist_ok=True)
+    write_json(path, table.as_dict())
+    return table
