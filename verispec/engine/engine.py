@@ -207,14 +207,15 @@ class Engine:
             for req in batch:
                 req.slot = self.cache.add_sequence()
             last = self._feed_prompts(batch)  # [B, V]
-            empty = self._empty_draft(len(batch))
-            verdict = self.rule.verify(empty, self._laws(last.unsqueeze(1), batch, empty), [r.generator for r in batch])
-            first = verdict.output_ids[:, 0].tolist()
         except VerispecError as exc:
             return [self._fail(req, exc) for req in batch]
+        _, rows, failed = self._judge(last.unsqueeze(1), batch, self._empty_draft(len(batch)))
+        first = [row[0] if row else -1 for row in rows]
         now = time.perf_counter()
-        outputs = []
-        for req, token in zip(batch, first, strict=True):
+        outputs = [self._fail(batch[i], exc) for i, exc in failed.items()]
+        for i, (req, token) in enumerate(zip(batch, first, strict=True)):
+            if i in failed:
+                continue
             req.timings.first_token = now
             req.timings.chunk_times.append(now)
             req.timings.verify_seconds += now - start
@@ -280,17 +281,16 @@ class Engine:
             slots=slots,
         )  # [B, K + 1, V] fp32
         draft = self._on_device(draft, device)
-        probs = self._laws(logits, batch, draft)
-        verdict = self.rule.verify(draft, probs, [r.generator for r in batch])
-        accepted = verdict.num_accepted.tolist()
-        rows = verdict.tokens()
+        accepted, rows, failed = self._judge(logits, batch, draft)
         self.cache.keep_step_prefix([1 + a for a in accepted], slots)
         done = time.perf_counter()
         self.steps.append(StepRecord(len(batch), draft.max_tokens, counts, accepted, drafted - start, done - drafted))
         self.policy.observe(batch, counts, accepted, drafted - start, done - drafted)
 
-        outputs = []
-        for req, n_draft, n_acc, new in zip(batch, counts, accepted, rows, strict=True):
+        outputs = [self._fail(batch[i], exc) for i, exc in failed.items()]
+        for i, (req, n_draft, n_acc, new) in enumerate(zip(batch, counts, accepted, rows, strict=True)):
+            if i in failed:
+                continue
             try:
                 req.stats.observe(n_draft, n_acc)
                 req.timings.steps += 1
@@ -304,6 +304,32 @@ class Engine:
                 log.exception("request %s failed while committing", req.request_id)
                 outputs.append(self._fail(req, exc))
         return outputs
+
+    def _judge(
+        self, logits: Tensor, batch: list[Request], draft: Draft
+    ) -> tuple[list[int], list[list[int]], dict[int, VerispecError]]:
+        """Laws and verdicts for the batch: accepted counts and output tokens per row, and the rows
+        that failed. A row whose laws cannot be built (NaN logits, an overflowing temperature, ...)
+        fails alone: the others are judged again without it (their randomness is untouched, as no
+        draw happens before every law is built)."""
+        try:
+            verdict = self.rule.verify(draft, self._laws(logits, batch, draft), [r.generator for r in batch])
+            return verdict.num_accepted.tolist(), verdict.tokens(), {}
+        except VerispecError as exc:
+            if len(batch) == 1:
+                return [0], [[]], {0: exc}
+        accepted: list[int] = []
+        rows: list[list[int]] = []
+        failed: dict[int, VerispecError] = {}
+        for i, req in enumerate(batch):
+            probs = None if draft.probs is None else draft.probs[i : i + 1]
+            one = Draft(draft.token_ids[i : i + 1], draft.num_tokens[i : i + 1], probs)
+            a, r, bad = self._judge(logits[i : i + 1], [req], one)
+            accepted.append(a[0])
+            rows.append(r[0])
+            if bad:
+                failed[i] = bad[0]
+        return accepted, rows, failed
 
     def _laws(self, logits: Tensor, batch: list[Request], draft: Draft) -> Tensor:
         """``[B, K + 1, V]`` target laws for ``logits`` ``[B, K + 1, V]`` (the one to_probs path)."""

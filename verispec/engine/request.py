@@ -189,7 +189,7 @@ class Request:
             text=self.text,
             finished=self.finished,
             finish_reason=self.finish_reason,
-            stats=self.stats,
+            stats=self.stats.merge(SpecStats()),  # a snapshot: the live counters keep moving
             timings=self.timings.summary(len(self.output_ids)) if self.finished else {},
             lossless=lossless,
             error=self.error,
