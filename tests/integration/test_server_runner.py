@@ -41,7 +41,8 @@ def test_shutdown_aborts_what_is_left_after_the_grace_period() -> None:
     async def main() -> None:
         runner = EngineRunner(engine)
         runner.start()
-        handle = await runner.submit("a", PROMPT, SamplingParams(max_tokens=100))
+        params = SamplingParams(max_tokens=100, logit_bias={256: -100.0})  # no early EOS
+        handle = await runner.submit("a", PROMPT, params)
         engine.gate.clear()
         stopping = asyncio.ensure_future(runner.shutdown(grace_seconds=0.1))
         await asyncio.sleep(0.3)
