@@ -60,10 +60,14 @@ class GatedEngine(Engine):
         super().__init__(*args, **kw)
         self.gate = threading.Event()
         self.gate.set()
+        self.blocked = threading.Event()  # set while a step waits at a closed gate
         self.fail_next = False
 
     def step(self) -> list[RequestOutput]:
+        if not self.gate.is_set():
+            self.blocked.set()
         self.gate.wait()
+        self.blocked.clear()
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("injected step failure")

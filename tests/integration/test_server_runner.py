@@ -87,6 +87,7 @@ def test_admission_is_bounded_and_errors_come_back_to_the_caller() -> None:
         assert runner.num_live == 0
         engine.gate.clear()  # the thread blocks in its next step: adds stay unacknowledged
         first = await runner.submit("a", PROMPT, SamplingParams(max_tokens=50))
+        assert await asyncio.to_thread(engine.blocked.wait, 10.0)  # the thread now sits in a step
         second = asyncio.ensure_future(runner.submit("b", PROMPT, SamplingParams(max_tokens=50)))
         await asyncio.sleep(0.05)
         with pytest.raises(QueueFullError):
