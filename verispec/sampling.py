@@ -52,6 +52,7 @@ from verispec.errors import ConfigError, InputError
 # Top-p candidates: tokens whose probability is at least this fraction of the row's largest; rows
 # whose candidates do not hold top_p of the mass try the next ratio, and finally sort everything.
 _NUCLEUS_RATIOS = (1e-4, 1e-7)
+_SMALL_VOCAB = 1024
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -335,11 +336,12 @@ def _top_p(x: Tensor, rows: _Rows) -> Tensor:
     sub = x if every_row else x[index]  # [A, V]
     probs = torch.softmax(sub, dim=1)
     top_p = torch.tensor([rows.params[i].top_p for i in active], dtype=torch.float64, device=x.device)  # [A]
-    # Candidates: the first ratio whose candidates hold top_p of the row's mass, else every token.
+    # Candidates: the first ratio whose candidates hold top_p of the row's mass, else every token
+    # (small vocabularies: every token at once, sorting them is cheaper than choosing).
     row_max = probs.amax(dim=1, keepdim=True)
     cand: Tensor | None = None
     settled = torch.zeros(len(active), dtype=torch.bool, device=x.device)
-    for ratio in _NUCLEUS_RATIOS:
+    for ratio in _NUCLEUS_RATIOS if x.shape[1] > _SMALL_VOCAB else ():
         mask = probs >= row_max * ratio
         # fp32 mass with a margin far above its rounding error: "enough" must never be wrong.
         enough = torch.where(mask, probs, 0.0).sum(dim=1) >= top_p + 1e-4
@@ -348,8 +350,9 @@ def _top_p(x: Tensor, rows: _Rows) -> Tensor:
         settled |= enough
         if bool(settled.all()):  # one host sync per ratio tried
             break
-    assert cand is not None
-    if not bool(settled.all()):
+    if cand is None:
+        cand = torch.ones_like(probs, dtype=torch.bool)
+    elif not bool(settled.all()):
         cand = cand | ~settled.unsqueeze(1)  # unsettled rows: every token is a candidate
     # Pack each row's candidates (in id order) to the left of a [A, C] matrix, then sort each row.
     r, c = cand.nonzero(as_tuple=True)  # ordered by row, then id

@@ -10,7 +10,7 @@ from verispec.certify import DEFAULT_ALPHA, EngineCase, certify_engine_case
 from verispec.config import SamplingParams
 from verispec.verify.broken import AlwaysAcceptRule, ResidualIsTargetRule
 
-N = 10_000
+N = 8_000
 REPETITIVE = (3, 0, 0, 1, 0, 0, 2, 0, 0)  # so that prompt lookup finds matches
 
 CASES = [
