@@ -56,13 +56,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="bf16",
-        choices=["fp32", "bf16"],
-        help="precision of the target (default bf16; fp32 is the exact reference)",
+        choices=["fp32", "bf16", "int8", "int4"],
+        help="precision of the target (default bf16; fp32 is the exact reference; int8 / int4: weight-only "
+        "quantised projections with bf16 activations, int4 runs a GGUF's Q4_K weights exactly; they need a CPU "
+        "with AVX-512 BF16 and AMX and compile their kernels on first use)",
     )
     p.add_argument(
         "--draft-dtype",
         default=None,
-        choices=["fp32", "bf16"],
+        choices=["fp32", "bf16", "int8", "int4"],
         help="precision of the draft model (default: --dtype)",
     )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")

@@ -25,10 +25,11 @@ from verispec.models.loader import (
     LoadedModel,
     ProgressFn,
     check_compatible,
+    check_precision,
     load_model,
 )
 
-DTYPE_NAMES = ("fp32", "bf16")
+DTYPE_NAMES = ("fp32", "bf16", "int8", "int4")
 
 
 @dataclass
@@ -68,7 +69,8 @@ def build(
     progress: ProgressFn | None = None,
 ) -> Pipeline:
     """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
-    ``k``: draft length, or None for the measured policy; ``draft_dtype`` defaults to ``dtype``;
+    ``k``: draft length, or None for the measured policy; ``dtype`` / ``draft_dtype`` (default:
+    ``dtype``): "fp32", "bf16", "int8" or "int4" (see :mod:`verispec.models.loader`);
     ``draft_head``: score only the first N token ids (and the stop ids) with the draft model."""
     if drafter not in DRAFTER_NAMES:
         raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
@@ -76,6 +78,8 @@ def build(
         if value not in DTYPE_NAMES:
             raise ConfigError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
     device = check_device(device)
+    for value in {dtype, draft_dtype or dtype}:
+        check_precision(value, device)  # before any loading: int4/int8 need this CPU's AMX kernels
     config = EngineConfig(max_batch=max_batch, max_len=max_len, num_draft_tokens=k, rule=rule, allow_lossy=allow_lossy)
     target_model = load_model(target, dtype=dtype, device=device, progress=progress)
     draft_model = None

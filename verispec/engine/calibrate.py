@@ -71,6 +71,9 @@ def fingerprint(model: LanguageModel, name: str) -> str:
         str(model.dtype), str(model.device), str(torch.get_num_threads()), torch.__version__,
         type(model).__name__,
     ]  # fmt: skip
+    precision = getattr(model, "precision", None)
+    if precision in ("int8", "int4"):  # quantised weights cost differently from the dtype's dense ones
+        parts.append(str(precision))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -30,7 +30,7 @@ import math
 import mmap
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,10 @@ _DTYPES: dict[str, tuple[type[np.generic], torch.dtype]] = {
     "F64": (np.float64, torch.float64),
     "I64": (np.int64, torch.int64),
     "I32": (np.int32, torch.int32),
+    "I8": (np.int8, torch.int8),
+    "U8": (np.uint8, torch.uint8),
 }
-_NAMES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}
+_NAMES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16", torch.int8: "I8", torch.uint8: "U8"}
 
 #: Strings the saved tokenizer must encode exactly as the original (plus the chat rendering).
 TOKENIZER_SAMPLES = (
@@ -133,6 +135,56 @@ def write_safetensors(
         if size != expected:  # pragma: no cover - a short write raises before this
             raise ModelLoadError(f"{path}: wrote {size} bytes, expected {expected}")
     return size
+
+
+def write_tensors(
+    path: Path,
+    entries: Sequence[tuple[str, torch.dtype, tuple[int, ...]]],
+    tensors: Iterable[tuple[str, Tensor]],
+    *,
+    metadata: Mapping[str, str] | None = None,
+) -> int:
+    """Write a safetensors file at ``path`` (atomically) whose tensors are announced up front by
+    ``entries`` (name, dtype, shape) and produced one at a time, in that order, by ``tensors``; so
+    the whole file never has to be in memory. The header is padded so that the data starts at a
+    multiple of 64 bytes (tensors whose sizes are multiples of 64 stay cache-line aligned).
+    Returns the file size in bytes."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
+    offset = 0
+    for name, dtype, shape in entries:
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": _NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-(8 + len(raw)) % 64)
+    produced = iter(tensors)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name, dtype, shape in entries:
+            got_name, tensor = next(produced)
+            if got_name != name or tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
+                raise AssertionError(f"{path}: expected {name} {dtype} {shape}, got {got_name} {tensor.dtype} "
+                                     f"{tuple(tensor.shape)}")  # fmt: skip
+            data = tensor.detach().contiguous().view(-1)
+            if data.dtype == torch.bfloat16:
+                data = data.view(torch.int16)  # numpy has no bf16; the bytes are what matter
+            f.write(data.numpy().data.cast("B"))
+        f.flush()
+        size = f.tell()
+    return size
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, str] | None:
+    """The ``__metadata__`` of a safetensors file, or ``None`` when it is missing or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n)) if n < 1 << 26 else None
+    except (OSError, ValueError, struct.error):
+        return None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else None
 
 
 def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:

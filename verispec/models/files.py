@@ -55,6 +55,24 @@ def atomic_path(final: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+@contextmanager
+def locked(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_file`` (created if needed) for the block; the operating
+    system releases it if the process dies. Waits for other holders."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    if os.name != "posix":  # pragma: no cover - no flock; concurrent writers are the user's risk
+        yield
+        return
+    import fcntl
+
+    with open(lock_file, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """``data`` as indented UTF-8 JSON at ``path``, atomically."""
     with atomic_path(path) as tmp:

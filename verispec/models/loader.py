@@ -4,13 +4,21 @@
 
 - a registry name (:mod:`verispec.models.registry`, e.g. ``qwen2.5-coder-1.5b-instruct``) of a
   prepared model: bf16 maps ``bf16.safetensors`` (seconds; pages come in on first use, shared with
-  the page cache), fp32 dequantises ``model.gguf`` (exact values, slower); the config and
-  tokenizer come from the folder's JSON files. A registered model that is not prepared raises
-  :class:`ModelLoadError` telling the user to run ``verispec models prepare NAME``;
+  the page cache), fp32 dequantises ``model.gguf`` (exact values, slower), int4 / int8 map the
+  packed projections cached in ``int4.safetensors`` / ``int8.safetensors`` (packed from
+  ``model.gguf`` on first use, see :mod:`verispec.models.quantized`) and take the rest from
+  ``bf16.safetensors``; the config and tokenizer come from the folder's JSON files. A registered
+  model that is not prepared raises :class:`ModelLoadError` telling the user to run
+  ``verispec models prepare NAME``;
 - a path to a prepared folder (one holding ``prepared.json``), loaded the same way;
-- a path to a ``.gguf`` file, dequantised directly to the requested dtype;
+- a path to a ``.gguf`` file, dequantised directly to the requested dtype (int4 / int8: its
+  projections packed at load time, nothing cached);
 - a path to a Hugging Face folder (``config.json``, ``*.safetensors``, ``tokenizer.json``), read by
-  :func:`verispec.models.hf.load_hf_folder` and :meth:`Tokenizer.from_hf_folder`.
+  :func:`verispec.models.hf.load_hf_folder` and :meth:`Tokenizer.from_hf_folder` (int8 quantises
+  its weights at load time; int4 needs GGUF Q4_K weights and is refused).
+
+Precisions (``dtype``): "fp32" (the exact reference), "bf16", and the weight-only quantised "int8"
+and "int4" (bf16 activations; CPU with AVX-512 BF16 and AMX only, else :class:`ConfigError`).
 
 A registry name wins over a folder of the same name in the current directory; write ``./NAME``
 for the folder. :func:`load_pair` loads a target and its draft and checks that their vocabularies
@@ -45,20 +53,28 @@ from verispec.models.registry import (
     read_marker,
 )
 from verispec.models.tokenizer import Tokenizer
-from verispec.models.transformer import Transformer
+from verispec.models.transformer import ROPE_FREQS_KEY, Transformer
 from verispec.models.vocab import SharedVocab, check_compatible
 
 logger = logging.getLogger(__name__)
 
-DTypeName = Literal["bf16", "fp32"]
+DTypeName = Literal["fp32", "bf16", "int8", "int4"]
 # What each source loader returns: config, runtime, tokenizer, file read, tokenizer vocabulary size.
 _Loaded = tuple[ModelConfig, Transformer, Tokenizer, Path, int]
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
+#: Activation dtype of each precision (int4 / int8 quantise the projections' weights only).
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "int8": torch.bfloat16,
+    "int4": torch.bfloat16,
+}
+QUANTIZED = ("int8", "int4")
 
 __all__ = [
     "DEFAULT_DRAFT",
     "DEFAULT_TARGET",
     "DTYPES",
+    "QUANTIZED",
     "LoadedModel",
     "ProgressFn",
     "SharedVocab",
@@ -82,9 +98,10 @@ class LoadedModel:
     model: Transformer
     tokenizer: Tokenizer
     source: Path  # the weights file (or folder) actually read
-    dtype: torch.dtype
+    dtype: torch.dtype  # of the activations (and of the weights unless quantised)
     load_seconds: float
     vocab_size: int  # ids the tokenizer defines (padding placeholders excluded), <= logits_width
+    precision: str  # "fp32", "bf16", "int8" or "int4" (see verispec.models.quantized)
 
     @property
     def logits_width(self) -> int:
@@ -98,6 +115,18 @@ def _torch_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def check_precision(dtype: str, device: str) -> None:
+    """Raise :class:`ConfigError` (with the remedy) unless ``dtype`` can run on ``device`` here;
+    for int4 / int8 this builds the CPU kernels on first use (about a minute, once)."""
+    _torch_dtype(dtype)
+    if dtype in QUANTIZED:
+        if device != "cpu":
+            raise ConfigError(f"dtype {dtype} runs on the CPU only; use --device cpu, or --dtype bf16 on {device}")
+        from verispec.kernels import load
+
+        load()
+
+
 def _stage(progress: ProgressFn | None) -> Callable[[str, int, int], None] | None:
     """GGUFModel.state_dict's per-tensor callback, reported as the "load" stage."""
     if progress is None:
@@ -105,8 +134,10 @@ def _stage(progress: ProgressFn | None) -> Callable[[str, int, int], None] | Non
     return lambda _name, done, total: progress("load", done, total)
 
 
-def _load_prepared(folder: Path, name: str, dtype: torch.dtype, device: str, progress: ProgressFn | None) -> _Loaded:
+def _load_prepared(folder: Path, name: str, precision: str, device: str, progress: ProgressFn | None) -> _Loaded:
     from verispec.models.convert import CONFIG_FORMAT, load_safetensors
+
+    dtype = DTYPES[precision]
 
     data = read_json(folder / CONFIG_FILE)
     if data.get("format") != CONFIG_FORMAT:
@@ -121,7 +152,16 @@ def _load_prepared(folder: Path, name: str, dtype: torch.dtype, device: str, pro
         raise ModelLoadError(
             f"{folder / CONFIG_FILE}: malformed ({exc}); run `verispec models prepare {name} --force`"
         ) from exc
-    if dtype == torch.bfloat16:
+    if precision in QUANTIZED:
+        from verispec.models import quantized
+
+        marker = read_marker(folder) or {}
+        packed = quantized.load_or_pack(
+            folder, folder / GGUF_FILE, str(marker.get("sha256", "")), config, precision, progress
+        )
+        source = quantized.cache_path(folder, precision)
+        state = quantized.merge(load_safetensors(folder / WEIGHTS_FILE), packed)
+    elif dtype == torch.bfloat16:
         source = folder / WEIGHTS_FILE
         state = load_safetensors(source)
     else:
@@ -133,19 +173,41 @@ def _load_prepared(folder: Path, name: str, dtype: torch.dtype, device: str, pro
     return config, model, Tokenizer.from_hf_folder(folder), source, vocab_size
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, device: str, progress: ProgressFn | None) -> _Loaded:
+def _load_gguf(path: Path, precision: str, device: str, progress: ProgressFn | None) -> _Loaded:
     from verispec.models.gguf import GGUFModel
     from verispec.models.vocab import gguf_vocab_size
 
+    dtype = DTYPES[precision]
     gguf = GGUFModel(path)
-    model = Transformer(gguf.config, gguf.state_dict(dtype, progress=_stage(progress)), dtype=dtype, device=device)
+    if precision in QUANTIZED:
+        from verispec.models import quantized
+
+        packed = quantized.pack(quantized.WeightSource(gguf=gguf), gguf.config, precision, progress)
+        prefixes = quantized.packed_prefixes(packed)
+        dense = {
+            name: gguf.load(name, torch.float32 if name == ROPE_FREQS_KEY else dtype)
+            for name in gguf.tensor_names
+            if name.rpartition(".")[0] not in prefixes
+        }
+        state = dense | packed
+    else:
+        state = gguf.state_dict(dtype, progress=_stage(progress))
+    model = Transformer(gguf.config, state, dtype=dtype, device=device)
     return gguf.config, model, Tokenizer.from_gguf(gguf.file), path, gguf_vocab_size(gguf.file)
 
 
-def _load_hf(path: Path, dtype: torch.dtype, device: str) -> _Loaded:
+def _load_hf(path: Path, precision: str, device: str) -> _Loaded:
     from verispec.models.hf import load_hf_folder  # written separately; imported only when needed
 
-    config, state = load_hf_folder(path, dtype, device)
+    dtype = DTYPES[precision]
+    if precision in QUANTIZED:
+        from verispec.models import quantized
+
+        config, exact = load_hf_folder(path, torch.float32, device)
+        packed = quantized.pack(quantized.WeightSource(state_dict=exact), config, precision)
+        state = quantized.merge(exact, packed)
+    else:
+        config, state = load_hf_folder(path, dtype, device)
     model = Transformer(config, state, dtype=dtype, device=device)
     tokenizer = Tokenizer.from_hf_folder(path)
     return config, model, tokenizer, path, tokenizer.vocab_size
@@ -159,10 +221,13 @@ def load_model(
     progress: ProgressFn | None = None,
     home: Path | None = None,
 ) -> LoadedModel:
-    """Load ``spec`` (a registry name or a path; see the module docstring) in ``dtype`` ("bf16" or
-    "fp32") on ``device``. ``progress("load", done, total)`` follows dequantisation (GGUF sources);
-    ``home`` overrides ``$VERISPEC_HOME`` for registry names.
-    Raises :class:`ModelLoadError` (and its subclass :class:`UnsupportedModelError`) with the fix."""
+    """Load ``spec`` (a registry name or a path; see the module docstring) in ``dtype`` ("fp32",
+    "bf16", "int8" or "int4") on ``device``. ``progress("load", done, total)`` follows
+    dequantisation (GGUF sources), ``progress("pack", done, total)`` the packing of int4 / int8
+    projections; ``home`` overrides ``$VERISPEC_HOME`` for registry names.
+    Raises :class:`ModelLoadError` (and its subclass :class:`UnsupportedModelError`) with the fix,
+    :class:`ConfigError` for a precision this machine cannot run."""
+    check_precision(dtype, device)
     torch_dtype = _torch_dtype(dtype)
     start = time.perf_counter()
     text = os.fspath(spec)
@@ -174,10 +239,10 @@ def load_model(
                 f"model {text!r} is not prepared (no complete {folder}); run `verispec models prepare {text}`"
             )
         name = text
-        loaded = _load_prepared(folder, text, torch_dtype, device, progress)
+        loaded = _load_prepared(folder, text, dtype, device, progress)
     elif path.is_file():
         name = path.stem
-        loaded = _load_gguf(path, torch_dtype, device, progress)
+        loaded = _load_gguf(path, dtype, device, progress)
     elif path.is_dir() and (path / MARKER_FILE).exists():
         name = path.name
         if read_marker(path) is None:
@@ -185,10 +250,10 @@ def load_model(
                 f"{path} is an incomplete prepared model (interrupted or damaged); prepare it again with "
                 f"`verispec models prepare {path.name} --force`"
             )
-        loaded = _load_prepared(path, path.name, torch_dtype, device, progress)
+        loaded = _load_prepared(path, path.name, dtype, device, progress)
     elif path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors")):
         name = path.name
-        loaded = _load_hf(path, torch_dtype, device)
+        loaded = _load_hf(path, dtype, device)
     elif path.is_dir():
         raise ModelLoadError(
             f"{path} is neither a prepared verispec model (prepared.json) nor a Hugging Face model folder "
@@ -207,7 +272,7 @@ def load_model(
         )
     seconds = time.perf_counter() - start
     logger.info("loaded %s from %s as %s in %.2f s", name, source, dtype, seconds)
-    return LoadedModel(name, config, model, tokenizer, Path(source), torch_dtype, seconds, vocab_size)
+    return LoadedModel(name, config, model, tokenizer, Path(source), torch_dtype, seconds, vocab_size, dtype)
 
 
 def load_pair(

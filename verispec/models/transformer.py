@@ -41,33 +41,10 @@ from torch import Tensor, nn
 from verispec.errors import InputError, ModelLoadError
 from verispec.models.config import ModelConfig
 from verispec.models.kv_cache import KVCache, StepPlan
+from verispec.models.linear import DenseLinear, Linear, dense_linear, packed_linear, packed_prefixes
 from verispec.models.rope import RotaryEmbedding, apply_rotary
 
 ROPE_FREQS_KEY = "model.rope_freqs"  # [D/2] RoPE frequency divisors (llama.cpp's rope_freqs)
-
-
-# Up to this many rows, CPU matmuls run as ``weight @ x.T`` (see _linear).
-SKINNY_ROWS = 64
-
-
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` for ``x`` ``[..., in]`` and ``weight`` ``[out, in]``.
-
-    On CPU, few rows (decode and verification passes) go through ``torch.mv`` (one row) or
-    ``weight @ x.T`` (up to ``SKINNY_ROWS``): with the weight as the row-major left operand the
-    BLAS kernels stream it at close to memory bandwidth, while ``F.linear``'s path is 25-40% slower
-    for bf16 at these shapes (measured with benchmarks/runtime_speed.py). Many rows (prefill) and
-    other devices use ``F.linear``.
-    """
-    rows = x.numel() // x.shape[-1]
-    if x.device.type != "cpu" or rows > SKINNY_ROWS or rows == 0:
-        return F.linear(x, weight, bias)
-    x2 = x.reshape(rows, x.shape[-1])  # [M, in]
-    # [M, out]; for M > 1 the transpose copy is M * out elements, small next to the weight.
-    y = torch.mv(weight, x2[0])[None, :] if rows == 1 else torch.mm(weight, x2.t()).t().contiguous()
-    if bias is not None:
-        y = y + bias
-    return y.view(*x.shape[:-1], weight.shape[0])
 
 
 class RMSNorm(nn.Module):
@@ -92,10 +69,10 @@ class Attention(nn.Module):
         hidden, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
         bias = config.attention_bias
-        self.q_proj = nn.Linear(hidden, config.num_heads * d, bias=bias, device=device)
-        self.k_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=bias, device=device)
-        self.v_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=bias, device=device)
-        self.o_proj = nn.Linear(config.num_heads * d, hidden, bias=False, device=device)
+        self.q_proj: nn.Module = DenseLinear(hidden, config.num_heads * d, bias, device)
+        self.k_proj: nn.Module = DenseLinear(hidden, config.num_kv_heads * d, bias, device)
+        self.v_proj: nn.Module = DenseLinear(hidden, config.num_kv_heads * d, bias, device)
+        self.o_proj: nn.Module = DenseLinear(config.num_heads * d, hidden, False, device)
 
     def forward(
         self,
@@ -110,9 +87,9 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         g = h // hkv
-        q = _linear(x, self.q_proj.weight, self.q_proj.bias).view(b, t, h, d)
-        k = _linear(x, self.k_proj.weight, self.k_proj.bias).view(b, t, hkv, d)
-        v = _linear(x, self.v_proj.weight, self.v_proj.bias).view(b, t, hkv, d)
+        q = self.q_proj(x).view(b, t, h, d)
+        k = self.k_proj(x).view(b, t, hkv, d)
+        v = self.v_proj(x).view(b, t, hkv, d)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         cache.write(layer, plan, k, v)
         keys, values = cache.read(layer, plan)  # [B, H_kv, span, D] each
@@ -120,7 +97,7 @@ class Attention(nn.Module):
         qg = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
         out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)  # [B, H_kv, G*T, D]
         out = out.view(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
-        return _linear(out, self.o_proj.weight)
+        return self.o_proj(out)  # type: ignore[no-any-return]
 
 
 class MLP(nn.Module):
@@ -129,13 +106,13 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
         super().__init__()
         c, f = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(c, f, bias=False, device=device)
-        self.up_proj = nn.Linear(c, f, bias=False, device=device)
-        self.down_proj = nn.Linear(f, c, bias=False, device=device)
+        self.gate_proj: nn.Module = DenseLinear(c, f, False, device)
+        self.up_proj: nn.Module = DenseLinear(c, f, False, device)
+        self.down_proj: nn.Module = DenseLinear(f, c, False, device)
 
     def forward(self, x: Tensor) -> Tensor:  # [B, T, C] -> [B, T, C]
-        gate = F.silu(_linear(x, self.gate_proj.weight))  # [B, T, F]
-        return _linear(gate * _linear(x, self.up_proj.weight), self.down_proj.weight)
+        gate = F.silu(self.gate_proj(x))  # [B, T, F]
+        return self.down_proj(gate * self.up_proj(x))  # type: ignore[no-any-return]
 
 
 class DecoderLayer(nn.Module):
@@ -193,12 +170,15 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.model = Backbone(config, "meta")
-        self.lm_head = (
+        packed = packed_prefixes(state_dict)
+        # Tied embeddings share the embedding matrix as the LM head, unless the head comes packed.
+        self.lm_head: nn.Module | None = (
             None
-            if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+            if config.tie_word_embeddings and "lm_head" not in packed
+            else DenseLinear(config.hidden_size, config.vocab_size, False, "meta")
         )
-        self._load(state_dict, dtype, torch.device(device))
+        rest = self._install_packed(state_dict, packed, torch.device(device))
+        self._load(rest, dtype, torch.device(device))
         self.requires_grad_(False)
         self.rope = RotaryEmbedding(config, device, state_dict.get(ROPE_FREQS_KEY))
 
@@ -212,8 +192,39 @@ class Transformer(nn.Module):
         """Device of the weights."""
         return self.model.embed_tokens.weight.device
 
+    def _install_packed(
+        self, state_dict: Mapping[str, Tensor], packed: Mapping[str, str], device: torch.device
+    ) -> dict[str, Tensor]:
+        """Put a packed module (:mod:`verispec.models.linear`) in place of each projection the state
+        dict holds packed; return the entries left for the dense parts."""
+        rest = dict(state_dict)
+        for prefix, kind in packed.items():
+            try:
+                current = self.get_submodule(prefix)
+            except AttributeError:
+                current = None
+            if not isinstance(current, DenseLinear):
+                raise ModelLoadError(
+                    f"packed weights {prefix}.* name no projection of {self.config.architecture} "
+                    f"({self.config.num_layers} layers); check that the packed file belongs to this model"
+                )
+            if device.type != "cpu":
+                raise ModelLoadError(f"packed (int4/int8) weights run on the CPU only; {prefix} was asked for {device}")
+            try:
+                module, used = packed_linear(prefix, kind, state_dict, current.out_features, current.in_features)
+            except (KeyError, ValueError) as exc:
+                raise ModelLoadError(
+                    f"packed weights of {prefix} are incomplete or have the wrong size ({exc}); delete the packed "
+                    "cache file (int4/int8.safetensors in the model folder) to rebuild it"
+                ) from exc
+            self.set_submodule(prefix, module)
+            for key in used:
+                rest.pop(key)
+        return rest
+
     def _load(self, state_dict: Mapping[str, Tensor], dtype: torch.dtype, device: torch.device) -> None:
-        expected = self.state_dict(keep_vars=True)
+        packed = {n for n, m in self.named_modules() if not isinstance(m, DenseLinear) and isinstance(m, Linear)}
+        expected = {k: v for k, v in self.state_dict(keep_vars=True).items() if k.rpartition(".")[0] not in packed}
         wanted = {k: v for k, v in state_dict.items() if k in expected}
         missing = sorted(set(expected) - set(wanted))
         # A tied checkpoint may still carry lm_head.weight; old ones carry rotary inv_freq buffers;
@@ -236,12 +247,38 @@ class Transformer(nn.Module):
                     f"{tuple(expected[name].shape)}; check the ModelConfig of this checkpoint"
                 )
         cast = {k: v.detach().to(device=device, dtype=dtype) for k, v in wanted.items()}
-        self.load_state_dict(cast, strict=True, assign=True)
+        result = self.load_state_dict(cast, strict=False, assign=True)
+        assert not result.unexpected_keys and set(result.missing_keys) <= {
+            k for p in packed for k in self.state_dict() if k.startswith(p + ".")
+        }, result
 
     @property
     def lm_weight(self) -> Tensor:  # [V, C]
-        """The LM head's weight (the embedding when tied)."""
-        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        """The LM head's weight (the embedding when tied). A packed head (int4/int8) returns its
+        dequantised weights in the model's dtype, computed anew on each access."""
+        head = self.lm_head
+        if head is None:
+            return self.model.embed_tokens.weight
+        if isinstance(head, DenseLinear):
+            return head.weight
+        assert isinstance(head, Linear)
+        return head.dequantize().to(self.dtype)
+
+    def linears(self) -> dict[str, Linear]:
+        """Every projection by name (q/k/v/o, gate/up/down of each layer, then the LM head unless
+        it is the tied embedding): dense or packed, see :mod:`verispec.models.linear`."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, Linear)}
+
+    @property
+    def precision(self) -> str:
+        """ "int4" when some projection is Q4_K, else "int8" when some is int8, else the dtype
+        ("fp32", "bf16"). Activations, norms, embeddings and the KV cache are in :attr:`dtype`."""
+        kinds = {m.kind for m in self.linears().values()}
+        if "q4k" in kinds:
+            return "int4"
+        if "int8" in kinds:
+            return "int8"
+        return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(self.dtype, str(self.dtype))
 
     def new_cache(self, max_batch: int, max_len: int) -> KVCache:
         """An empty :class:`KVCache` for this model (same dtype and device)."""
@@ -251,8 +288,9 @@ class Transformer(nn.Module):
         """Bytes of weights one forward pass streams from memory: every matrix once, the LM head
         included (the embedding table itself is only looked up, a few rows)."""
         embed = self.model.embed_tokens.weight
-        total = sum(p.numel() * p.element_size() for p in self.parameters())
-        total -= embed.numel() * embed.element_size()
+        total = sum(m.weight_bytes() for m in self.linears().values())
+        norms = [m.weight for m in self.modules() if isinstance(m, RMSNorm)]
+        total += sum(w.numel() * w.element_size() for w in norms)
         if self.lm_head is None:
             total += embed.numel() * embed.element_size()
         return total
@@ -325,7 +363,9 @@ class Transformer(nn.Module):
             h = self.model.norm(h)  # [B, T, C]
             cache.end_step(plan)
             picked = h if logits_at is None else h.gather(1, logits_at[:, :, None].expand(-1, -1, h.shape[-1]))
-            logits = _linear(picked, self.lm_weight).to(torch.float32)  # [B, N, V] fp32
+            head = self.lm_head
+            scores = head(picked) if head is not None else dense_linear(picked, self.model.embed_tokens.weight)
+            logits = scores.to(torch.float32)  # [B, N, V] fp32
         return ForwardOutput(logits=logits, hidden=h)
 
 

@@ -1,0 +1,193 @@
+"""The int4 / int8 precisions end to end on tiny GGUF models written in the test: which projection
+runs on which kernel, exact Q4_K weights, prefill / decode / K-token verification through the
+engine (greedy speculative == greedy plain, target and draft in different precisions), the packed
+cache of prepared models, and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.kernels import q4k_blocks, require_kernels
+from tests.unit.fake_parts import install_fake_model
+from tests.unit.tiny_gguf import TinySpec, gguf_name, write_tiny
+from verispec.config import EngineConfig, SamplingParams
+from verispec.drafters.registry import make_drafter
+from verispec.engine import Engine
+from verispec.errors import ConfigError
+from verispec.models import quantized, registry
+from verispec.models.gguf import GGUFModel
+from verispec.models.loader import LoadedModel, load_model
+from verispec.models.transformer import Transformer
+
+pytest.importorskip("gguf")
+
+HIDDEN, FFN, LAYERS = 256, 512, 2  # Q4_K needs rows of a multiple of 256 inputs
+# Projections stored as Q4_K (custom blocks); the others keep TinySpec's types below.
+Q4K = [
+    f"model.layers.{i}.{p}.weight"
+    for i in range(LAYERS)
+    for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")
+] + ["model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.v_proj.weight", "model.embed_tokens.weight"]
+OTHER_TYPES = {
+    "*": "Q8_0",  # the LM head (271 rows: not a multiple of 16) and layer 0's v_proj
+    "model.layers.1.mlp.down_proj.weight": "Q5_0",
+    "model.layers.0.self_attn.v_proj.weight": "F16",
+}
+PROMPTS = [list(range(5, 45)), [3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6]]
+
+
+def spec(seed: int = 0) -> TinySpec:
+    shapes = {
+        "q_proj": (HIDDEN, HIDDEN), "k_proj": (128, HIDDEN), "v_proj": (128, HIDDEN), "o_proj": (HIDDEN, HIDDEN),
+        "gate_proj": (FFN, HIDDEN), "up_proj": (FFN, HIDDEN), "down_proj": (HIDDEN, FFN),
+        "embed_tokens": (TinySpec().vocab, HIDDEN),
+    }  # fmt: skip
+    extra = {}
+    for i, name in enumerate(Q4K):
+        n, k = shapes[name.split(".")[-2]]
+        extra[gguf_name(name)] = (q4k_blocks(n, k, seed=100 * seed + i, d=2.0**-12), "Q4_K")
+    return TinySpec(
+        hidden=HIDDEN, heads=4, kv_heads=2, ffn=FFN, layers=LAYERS, types=OTHER_TYPES, seed=seed,
+        skip_tensors=tuple(Q4K), extra_tensors=extra,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels() -> object:
+    return require_kernels()  # before any test points $VERISPEC_HOME elsewhere
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("q4k") / "tiny-q4k.gguf"
+    write_tiny(path, spec())
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(gguf_path: Path) -> dict[str, LoadedModel]:
+    return {p: load_model(gguf_path, dtype=p) for p in ("fp32", "int8", "int4")}  # type: ignore[arg-type]
+
+
+def test_each_projection_runs_on_the_kernel_its_storage_type_asks_for(
+    gguf_path: Path, models: dict[str, LoadedModel]
+) -> None:
+    gguf = GGUFModel(gguf_path)
+    for precision in ("int4", "int8"):
+        model = models[precision].model
+        assert model.precision == precision and model.dtype == torch.bfloat16
+        for prefix, lin in model.linears().items():
+            source = "model.embed_tokens.weight" if prefix == "lm_head" and gguf.config.tie_word_embeddings else None
+            stored = gguf.tensor_info(source or prefix + ".weight").type_name
+            assert lin.kind == ("q4k" if precision == "int4" and stored == "Q4_K" else "int8"), prefix
+            exact = gguf.load(source or prefix + ".weight", torch.float32)
+            if lin.kind == "q4k":
+                assert torch.equal(lin.dequantize(), exact), prefix  # the GGUF's weights, exactly
+            else:  # one rounding per output channel
+                scale = exact.abs().amax(1, keepdim=True) / 127
+                assert ((lin.dequantize() - exact).abs() <= scale * (0.5 + 1e-5)).all(), prefix
+    kinds = [lin.kind for lin in models["int4"].model.linears().values()]
+    assert kinds.count("q4k") == len(Q4K) - 1 and kinds.count("int8") == LAYERS * 7 + 1 - (len(Q4K) - 1)
+    # bytes streamed per token: Q4_K 4.5 bits, int8 8 bits (+ scales) per weight
+    assert models["int4"].model.weight_bytes() < models["int8"].model.weight_bytes()
+
+
+def test_quantized_logits_follow_the_fp32_reference(models: dict[str, LoadedModel]) -> None:
+    tokens = torch.tensor([PROMPTS[0]])
+    ref = models["fp32"].model(tokens, None, models["fp32"].model.new_cache(1, 64))
+    for precision in ("int4", "int8"):
+        model = models[precision].model
+        got = model(tokens, None, model.new_cache(1, 64))  # prefill: 40 rows, three 16-row chunks
+        assert got.dtype == torch.float32 and got.shape == ref.shape
+        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert err < 0.05, (precision, err)  # bf16 activations (+ int8 rounding of some weights)
+        assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+def plain_greedy(target: Transformer, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding by hand: a full forward over the growing sequence each step (no cache reuse)."""
+    seq, out = list(prompt), []
+    for _ in range(n):
+        token = int(target(torch.tensor([seq]), None, target.new_cache(1, 128))[0, -1].argmax())
+        out.append(token)
+        seq.append(token)
+    return out
+
+
+@pytest.mark.parametrize(("target", "draft"), [("int4", "int8"), ("int8", "int4"), ("int4", "fp32")])
+def test_greedy_speculative_equals_plain_greedy(models: dict[str, LoadedModel], target: str, draft: str) -> None:
+    t, d = models[target].model, models[draft].model
+    vocab = t.config.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=16)
+    plain = Engine(t, None, None, EngineConfig(max_len=128, num_draft_tokens=0)).generate(PROMPTS, params)
+    drafter = make_drafter("model", draft_model=d, vocab_size=vocab, max_len=160)
+    spec_engine = Engine(t, None, drafter, EngineConfig(max_len=128, num_draft_tokens=4))
+    outs = spec_engine.generate(PROMPTS, params)  # batched: verification passes of 2 x 5 rows
+    for prompt, p, s in zip(PROMPTS, plain, outs, strict=True):
+        assert s.token_ids == p.token_ids, prompt
+    assert plain[1].token_ids == plain_greedy(t, PROMPTS[1], 16)  # cached decode == full recompute
+    drafted = sum(o.stats.num_draft_tokens for o in outs)
+    accepted = sum(o.stats.num_accepted_tokens for o in outs)
+    assert 0 < accepted < drafted or draft == "fp32"  # verification both accepted and rejected
+
+
+def test_prepared_models_cache_the_packed_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gguf_path: Path
+) -> None:
+    fake = install_fake_model(tmp_path, monkeypatch, spec=spec())
+    registry.prepare(fake.name)
+    stages: list[tuple[str, int, int]] = []
+    first = load_model(fake.name, dtype="int4", progress=lambda *a: stages.append(a))
+    cache = fake.folder / "int4.safetensors"
+    assert first.source == cache and first.precision == "int4" and stages[-1][0] == "pack"
+    stamp = cache.stat().st_mtime_ns
+    again = load_model(fake.name, dtype="int4")
+    assert cache.stat().st_mtime_ns == stamp  # read, not rebuilt
+    direct = load_model(gguf_path, dtype="int4")  # the same file packed at load time
+    tokens = torch.tensor([PROMPTS[2]])
+    logits = [m.model(tokens, None, m.model.new_cache(1, 32)) for m in (first, again, direct)]
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
+    assert registry.read_marker(fake.folder) is not None  # the cache file does not unprepare the model
+    # a cache made from another file (or by another packing format) is rebuilt
+    from verispec.models.convert import load_safetensors, write_tensors
+
+    tensors = load_safetensors(cache)
+    entries = [(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()]
+    write_tensors(cache, entries, tensors.items(), metadata={"packing": quantized.PACK_FORMAT, "source_sha256": "0"})
+    load_model(fake.name, dtype="int4")
+    assert quantized.cache_path(fake.folder, "int4").stat().st_mtime_ns != stamp
+    from verispec.models.convert import read_metadata
+
+    assert read_metadata(cache) == {"format": "pt", **_wanted(fake.entry.sha256)}
+
+
+def _wanted(sha: str) -> dict[str, str]:
+    return {"packing": quantized.PACK_FORMAT, "precision": "int4", "source_sha256": sha}
+
+
+def test_int4_needs_q4k_weights() -> None:
+    from tests.tiny import tiny_config
+    from verispec.models.transformer import random_state_dict
+
+    config = tiny_config(vocab=16, hidden=64)
+    source = quantized.WeightSource(state_dict=random_state_dict(config))
+    with pytest.raises(ConfigError, match=r"no.*Q4_K|has none.*use int8 or bf16"):
+        quantized.plan(source, config, "int4")
+    assert set(quantized.plan(source, config, "int8").values()) == {"int8"}
+
+
+def test_cli_generate_in_mixed_precisions(gguf_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from verispec.cli import main
+
+    common = ["generate", "def f(x):", "--target", str(gguf_path), "--max-tokens", "10", "--json"]
+    assert main([*common, "--draft", str(gguf_path), "--dtype", "int4", "--draft-dtype", "int8", "--k", "3"]) == 0
+    spec_out = json.loads(capsys.readouterr().out)
+    assert main([*common, "--drafter", "none", "--dtype", "int4"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == spec_out["token_ids"]
+    with pytest.raises(SystemExit) as exc:
+        main([*common, "--dtype", "int2"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err

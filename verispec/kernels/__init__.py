@@ -1,0 +1,27 @@
+"""CPU kernels for weight-only-quantised linear layers: GGUF Q4_K used exactly, and per-channel int8.
+
+Activations stay bf16, sums are fp32, and a pass over 1 to 16 tokens costs about what one token
+costs (the weights are unpacked once per call and multiplied on AMX), which keeps speculative
+verification cheap. The C++ sources (``csrc/``) compile on first use and are cached under
+``$VERISPEC_HOME/kernels`` (:mod:`verispec.kernels.build`); they need an x86-64 CPU with AVX-512
+BF16 and AMX (:func:`cpu_supported`), a C++ compiler (g++ >= 11) and ninja, and raise
+:class:`~verispec.errors.ConfigError` with the remedy otherwise.
+
+    from verispec.kernels import Q4KLinear, Int8Linear
+    q4 = Q4KLinear.from_blocks(blocks, n, k, bias)   # GGUF Q4_K bytes [n, k/256*144] uint8
+    i8 = Int8Linear.from_weight(w)                   # w [n, k] float, quantised per row
+    y = q4(x)                                        # x [..., k] bf16/fp32 -> [..., n], same dtype
+"""
+
+from verispec.kernels.build import cpu_supported, load, missing_cpu_features
+from verispec.kernels.linear import Int8Linear, Q4KLinear, q4k_packed_numel, quantize_int8
+
+__all__ = [
+    "Int8Linear",
+    "Q4KLinear",
+    "cpu_supported",
+    "load",
+    "missing_cpu_features",
+    "q4k_packed_numel",
+    "quantize_int8",
+]
