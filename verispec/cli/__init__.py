@@ -18,7 +18,7 @@ from typing import NoReturn
 from verispec.errors import VerispecError
 
 # Sub-command modules, in the order `verispec --help` lists them.
-COMMAND_MODULES = ("generate", "serve", "bench", "analyze", "certify", "models")
+COMMAND_MODULES = ("generate", "serve", "bench", "loadgen", "gate", "analyze", "certify", "models")
 
 
 class OneLineParser(argparse.ArgumentParser):
