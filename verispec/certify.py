@@ -380,11 +380,13 @@ def certify_engine_case(
     prompt: Sequence[int] = (1, 2, 3),
     model_seed: int = 0,
     broken_rule: AcceptanceRule | None = None,
+    device: str = "cpu",
 ) -> tuple[GoodnessOfFit, float]:
     """Sample ``num_sequences`` requests through :class:`~verispec.engine.Engine` (each with its
     own seed) on a tiny target/draft transformer pair built in code, and test the first
     ``prefix_len`` tokens against the target's exact law. Returns the fit and the acceptance rate.
-    ``broken_rule`` swaps in a deliberately wrong rule (negative control)."""
+    ``broken_rule`` swaps in a deliberately wrong rule (negative control); ``device`` runs the
+    engine there (the exact law is always computed on the CPU in fp32)."""
     from dataclasses import replace
 
     from verispec.config import EngineConfig
@@ -395,8 +397,8 @@ def certify_engine_case(
 
     if case.k is not None and case.prefix_len <= case.k:
         raise ConfigError("the tested prefix must be longer than K, or bonus tokens go untested")
-    target, draft = tiny_pair(vocab_size, seed=model_seed)
-    law = exact_prefix_law_lm(target, case.params, prompt, case.prefix_len)
+    law = exact_prefix_law_lm(tiny_pair(vocab_size, seed=model_seed)[0], case.params, prompt, case.prefix_len)
+    target, draft = tiny_pair(vocab_size, seed=model_seed, device=device)
     batch = min(num_sequences, 1024)
     max_len = len(prompt) + case.prefix_len + 1
     config = EngineConfig(

@@ -20,6 +20,11 @@ target/draft pair of Markov chains, and compare the joint law of the first n = K
 (so that bonus tokens are tested too) with the target's EXACT law by a chi-square test.
 A configuration passes when p >= alpha. With --negative-controls, deliberately broken rules
 are run through the same test and must fail: proof that the test can see the bugs that matter.
+
+With --engine, the whole engine is certified instead (drafter model, ngram or composite, K a
+number or auto, the sampling grid, --draft-vocab, --device): requests go through the same
+Engine that `verispec generate` and `verispec serve` use, on a tiny target/draft transformer pair
+built in code whose exact law is computable (real vocabularies have too many outcomes).
 Exit status: 0 when every verdict is as expected, 1 otherwise, 2 on bad input."""
 
 EPILOG = """\
@@ -27,7 +32,9 @@ examples:
   verispec certify
   verispec certify --k 1,2,4,6 --temperature 1,0.5 --top-k 0,3 --negative-controls
   verispec certify --rule typical --allow-lossy --temperature 0,1   # lossy: fails at T > 0
-  verispec certify --drafter point-mass --json > certificate.json"""
+  verispec certify --drafter point-mass --json > certificate.json
+  verispec certify --engine --drafter composite --k 2,auto --temperature 0.8 --top-p 0.9 --samples 8000
+  verispec certify --engine --device cuda --negative-controls"""
 
 
 def _list(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
@@ -41,6 +48,11 @@ def _list(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
         return values
 
     return parse
+
+
+def _k_value(text: str) -> int | None:
+    """A draft length: an integer, or "auto" (None: the measured policy, --engine only)."""
+    return None if text.strip().lower() == "auto" else int(text)
 
 
 def register(sub: Any) -> None:
@@ -65,18 +77,32 @@ def register(sub: Any) -> None:
         help="permit --rule typical, which does not preserve the target law",
     )
     p.add_argument(
+        "--engine",
+        action="store_true",
+        help="certify the engine (drafters, batching, policy) on tiny transformers instead of a rule on Markov chains",
+    )
+    p.add_argument(
         "--drafter",
         default="model",
-        choices=["model", "point-mass"],
+        choices=["model", "point-mass", "ngram", "composite"],
         help="model: draft tokens sampled from a draft model, with their laws reported; point-mass: "
-        "the draft model's mode proposed with no law (like n-gram lookup). Default: model",
+        "the draft model's mode proposed with no law (like n-gram lookup); with --engine: model, "
+        "ngram (prompt lookup) or composite. Default: model",
     )
     p.add_argument(
         "--k",
-        type=_list(int, "--k"),
+        type=_list(_k_value, "--k"),
         default=[1, 2, 4],
-        help="draft lengths K, comma-separated (default 1,2,4)",
+        help="draft lengths K, comma-separated (default 1,2,4); with --engine, 'auto' = the measured policy",
     )
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --engine and --drafter model/composite: restrict the draft head to the first N ids",
+    )
+    p.add_argument("--device", default="cpu", help="with --engine: cpu (default) or cuda")
     p.add_argument(
         "--temperature", type=_list(float, "--temperature"), default=[1.0, 0.7],
         help="temperatures, comma-separated; 0 = greedy (default 1,0.7)",
@@ -141,6 +167,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "rule 'typical' does not preserve the target distribution; add --allow-lossy to certify it anyway"
         )
+    if args.engine:
+        return run_engine(args)
+    if args.drafter not in ("model", "point-mass"):
+        raise ConfigError(f"--drafter {args.drafter} needs --engine; without it use model or point-mass")
+    if None in args.k:
+        raise ConfigError("--k auto needs --engine (the measured policy lives in the engine); give numbers")
+    if args.draft_vocab is not None or args.device != "cpu":
+        raise ConfigError("--draft-vocab and --device apply to --engine only")
     base = SamplingParams(
         repetition_penalty=args.repetition_penalty,
         presence_penalty=args.presence_penalty,
@@ -198,6 +232,95 @@ def run(args: argparse.Namespace) -> int:
     if len(results) > n_lossless:
         summary += f"; {caught}/{len(results) - n_lossless} lossy or broken configurations were caught"
     out.print(("[green]CERTIFIED[/]: " if ok else "[bold red]NOT CERTIFIED[/]: ") + summary)
+    if not ok:
+        print("verispec: some verdicts were not as expected (see the table above)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    """``verispec certify --engine``: the grid through the Engine on tiny transformers."""
+    import itertools
+    from dataclasses import replace
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from verispec.certify import EngineCase, certify_engine_case
+    from verispec.engine.api import check_device
+    from verispec.verify.broken import AlwaysAcceptRule, ResidualIsTargetRule
+
+    if args.drafter not in ("model", "ngram", "composite"):
+        raise ConfigError(f"--engine certifies the drafters model, ngram or composite, not {args.drafter!r}")
+    if args.rule == "greedy":
+        raise ConfigError("--engine certifies the rejection rule (or typical with --allow-lossy); greedy is exact "
+                          "only at temperature 0, where `verispec generate` equals plain decoding by test")  # fmt: skip
+    if args.draft_vocab is not None and (args.draft_vocab < 1 or args.draft_vocab > args.vocab_size):
+        raise ConfigError(f"--draft-vocab must be in 1..{args.vocab_size} (the toy vocabulary), got {args.draft_vocab}")
+    if args.draft_vocab is not None and args.drafter == "ngram":
+        raise ConfigError("--draft-vocab restricts a draft model's head; the ngram drafter has none")
+    if any(k is not None and k < 1 for k in args.k):
+        raise ConfigError(f"--k values must be >= 1 or auto, got {args.k}")
+    device = check_device(args.device)
+    base = SamplingParams(
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+    )
+    cases: list[tuple[EngineCase, Any]] = []
+    for k, t, tk, tp, mp in itertools.product(args.k, args.temperature, args.top_k, args.top_p, args.min_p):
+        params = replace(base, temperature=t, top_k=tk, top_p=tp, min_p=mp)
+        prefix = (k if k is not None else 4) + args.prefix_extra
+        cases.append((EngineCase(args.drafter, k, params, prefix, rule=args.rule, draft_head=args.draft_vocab), None))
+    if args.negative_controls:
+        first = args.k[0] if args.k[0] is not None else 2
+        control = EngineCase("model", first, SamplingParams(temperature=1.0), first + args.prefix_extra)
+        cases += [(control, AlwaysAcceptRule()), (control, ResidualIsTargetRule())]
+    for case, _ in cases:
+        if args.vocab_size**case.prefix_len > 2_000_000:
+            raise ConfigError(
+                f"{args.vocab_size}^{case.prefix_len} outcomes are too many to test; lower --k or --vocab-size"
+            )
+    # A repetitive prompt, so that prompt lookup finds matches on the toy vocabulary.
+    prompt = tuple([args.vocab_size - 1, 0, 0] * 3)
+    rows = []
+    with Progress(console=Console(stderr=True), transient=True, disable=args.json) as progress:
+        task = progress.add_task("certifying the engine", total=len(cases))
+        for case, broken in cases:
+            gof, acceptance = certify_engine_case(
+                case, vocab_size=args.vocab_size, num_sequences=args.samples, seed=args.seed, alpha=args.alpha,
+                prompt=prompt, model_seed=args.model_seed, broken_rule=broken, device=device,
+            )  # fmt: skip
+            claims = broken is None and case.rule == "rejection"
+            passed = gof.p_value >= args.alpha
+            rows.append({
+                "case": case.label() + (f" (broken: {broken.name})" if broken is not None else ""),
+                "drafter": case.drafter, "k": case.k, "prefix_len": case.prefix_len, "claims_lossless": claims,
+                "p_value": gof.p_value, "tv_distance": gof.tv_distance, "acceptance_rate": acceptance,
+                "passed": passed, "as_expected": passed == claims,
+            })  # fmt: skip
+            progress.advance(task)
+    ok = all(r["as_expected"] for r in rows)
+    if args.json:
+        print(json.dumps({"all_as_expected": ok, "engine": True, "device": device, "vocab_size": args.vocab_size,
+                          "samples": args.samples, "alpha": args.alpha, "results": rows}, indent=2))  # fmt: skip
+        return 0 if ok else 1
+    out = Console(width=max(Console().width, 132))
+    title = f"verispec certify --engine ({device}): {args.samples} requests per case, alpha = {args.alpha:g}"
+    table = Table(title=title)
+    for col in ("case", "claim", "p-value", "TV", "AR", "verdict"):
+        table.add_column(col, justify="left" if col in ("case", "claim", "verdict") else "right")
+    for r in rows:
+        if r["as_expected"]:
+            verdict = "[green]pass[/]" if r["passed"] else "[green]FAIL (caught)[/]"
+        else:
+            verdict = "[bold red]FAIL[/]" if not r["passed"] else "[bold red]pass (NOT caught)[/]"
+        claim = "lossless" if r["claims_lossless"] else "[yellow]lossy/broken[/]"
+        table.add_row(r["case"], claim, f"{r['p_value']:.3g}", f"{r['tv_distance']:.4f}",
+                      f"{r['acceptance_rate']:.3f}", verdict)  # fmt: skip
+    out.print(table)
+    out.print(("[green]CERTIFIED[/]: " if ok else "[bold red]NOT CERTIFIED[/]: ")
+              + f"{sum(r['as_expected'] for r in rows)}/{len(rows)} verdicts as expected")  # fmt: skip
     if not ok:
         print("verispec: some verdicts were not as expected (see the table above)", file=sys.stderr)
     return 0 if ok else 1

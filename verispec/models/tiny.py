@@ -40,8 +40,10 @@ def tiny_pair(
     draft_noise: float = 0.15,
     eos: int | None = None,
     dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
 ) -> tuple[Transformer, Transformer]:
-    """A target and a draft resembling it (each weight plus ``draft_noise`` times its std of noise)."""
+    """A target and a draft resembling it (each weight plus ``draft_noise`` times its std of noise),
+    on ``device`` (the weights are drawn on the CPU, so every device gets the same models)."""
     config = tiny_config(vocab, eos=eos)
     target_sd = random_state_dict(config, seed=seed, std=std)
     gen = torch.Generator().manual_seed(seed + 1000)
@@ -49,4 +51,7 @@ def tiny_pair(
         k: v + draft_noise * torch.randn(v.shape, generator=gen) * (v.std() if v.numel() > 1 else 1.0)
         for k, v in target_sd.items()
     }
-    return Transformer(config, target_sd, dtype=dtype), Transformer(config, draft_sd, dtype=dtype)
+    return (
+        Transformer(config, target_sd, dtype=dtype, device=device),
+        Transformer(config, draft_sd, dtype=dtype, device=device),
+    )
