@@ -44,7 +44,7 @@ def test_cli_gate_on_tiny_gguf_pair(tmp_path: Path, capsys: pytest.CaptureFixtur
         "gate", "--target", str(target), "--draft", str(draft), "--k", "3", "--dtype", "fp32",
         "--prompts", str(prompts), "--concurrency", "1,2", "--max-tokens", "8", "--humaneval", str(humaneval),
         "--humaneval-max-tokens", "8", "--ppl-tokens", "24", "--bootstrap", "200", "--max-len", "1024",
-        "--html", str(html), "--json", str(data),
+        "--html", str(html), "--json", str(data), "--png", str(tmp_path / "gate.png"),
     ])  # fmt: skip
     result = json.loads(data.read_text())  # strict JSON: parses, no NaN
     verdicts = [v["verdict"] for v in result["verdicts"]]
@@ -69,6 +69,7 @@ def test_cli_gate_on_tiny_gguf_pair(tmp_path: Path, capsys: pytest.CaptureFixtur
     self_contained(text)
     assert all(v in text for v in verdicts) and "a_min" in text
     assert "verispec gate" in capsys.readouterr().out
+    assert (tmp_path / "gate.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_gate_against_external_endpoints() -> None:

@@ -313,8 +313,51 @@ def render_html(result: dict[str, Any]) -> str:
             f"<style>{CSS}</style></head><body>{''.join(head + body)}</body></html>")  # fmt: skip
 
 
-def write_report(result: dict[str, Any], html_path: Path | None, json_path: Path | None) -> None:
-    """Write the HTML report and the JSON result (each atomically; None = skip)."""
+def render_summary_png(result: dict[str, Any]) -> bytes:
+    """One picture of the report: the verdict per level over its plots (speedup and ITL vs load,
+    acceptance per position, predicted vs measured speedup, latency distributions), as PNG bytes."""
+    import matplotlib.image as mpimg
+
+    levels = result["levels"]
+    panels = [plot_speedup(levels), plot_acceptance(levels), plot_predicted(levels), plot_distributions(result)]
+    images = [mpimg.imread(io.BytesIO(base64.b64decode(p)), format="png") for p in panels if p is not None]
+    verdicts = [(lv["label"], lv["verdict"]["verdict"]) for lv in levels]
+    rows = len(images)
+    fig, axes = _figure(1, rows + 1, width=11.0, height=0.0)
+    widest = max((im.shape[1] for im in images), default=1)  # each panel keeps its native scale
+    heights = [0.45 + 0.28 * len(verdicts)] + [11.0 * im.shape[0] / widest for im in images]
+    fig.set_size_inches(11.0, sum(heights))
+    fig.subplots_adjust(left=0, right=1, top=1, bottom=0, hspace=0.02)
+    grid = fig.add_gridspec(rows + 1, 1, height_ratios=heights, hspace=0.02)
+    for ax in axes.flat:
+        ax.remove()
+    head = fig.add_subplot(grid[0])
+    head.axis("off")
+    pair = result.get("pair") or {}
+    title = f"verispec gate: {pair.get('target', result['endpoints']['spec']['model'])}"
+    if pair.get("draft"):
+        title += f" <- {pair['draft']} (K={pair.get('k')}, {pair.get('dtype')})"
+    head.text(0.01, 0.98, title, fontsize=13, weight="bold", va="top")
+    for i, (label, verdict) in enumerate(verdicts):
+        y = 0.98 - (i + 1) * 0.8 / max(len(verdicts), 1)
+        head.text(0.03, y, label, fontsize=11, va="top")
+        head.text(0.35, y, verdict, fontsize=11, va="top", weight="bold", color=VERDICT_COLORS.get(verdict, "#000"))
+    for i, im in enumerate(images):
+        ax = fig.add_subplot(grid[i + 1])
+        ax.imshow(im)
+        ax.axis("off")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_report(
+    result: dict[str, Any], html_path: Path | None, json_path: Path | None, png_path: Path | None = None
+) -> None:
+    """Write the HTML report, the JSON result and a summary picture (each atomically; None = skip)."""
     if json_path is not None:
         with atomic_path(json_path) as tmp:
             tmp.write_text(json.dumps(finite(result), indent=1, allow_nan=False) + "\n", encoding="utf-8")
@@ -322,6 +365,10 @@ def write_report(result: dict[str, Any], html_path: Path | None, json_path: Path
         text = render_html(result)
         with atomic_path(html_path) as tmp:
             tmp.write_text(text, encoding="utf-8")
+    if png_path is not None:
+        picture = render_summary_png(result)
+        with atomic_path(png_path) as tmp:
+            tmp.write_bytes(picture)
 
 
 def finite(obj: Any) -> Any:

@@ -109,6 +109,12 @@ def register(sub: Any) -> None:
     p.add_argument("--max-len", type=int, default=2048, help="local servers: tokens per sequence (default 2048)")
     p.add_argument("--html", type=Path, default=Path("gate-report.html"), help="HTML report (default gate-report.html)")
     p.add_argument("--json", type=Path, default=Path("gate-report.json"), help="JSON result (default gate-report.json)")
+    p.add_argument(
+        "--png",
+        type=Path,
+        default=None,
+        help="also write one picture of the report: verdicts over the plots (default: none)",
+    )
     p.set_defaults(run=run)
 
 
@@ -185,9 +191,9 @@ def run(args: argparse.Namespace) -> int:
                       console=err) as bar:  # fmt: skip
             result = run_gate(base, spec, prompts, settings, pair=pair, k_hint=args.k if external else None,
                               progress=RichProgress(bar))  # fmt: skip
-    write_report(result, args.html, args.json)
+    write_report(result, args.html, args.json, args.png)
     print_verdicts(result, Console())
-    err.print(f"report: {args.html}  data: {args.json}")
+    err.print(f"report: {args.html}  data: {args.json}" + (f"  picture: {args.png}" if args.png else ""))
     return 0 if all(v["verdict"] == "GO" for v in result["verdicts"]) else 1
 
 
