@@ -57,7 +57,7 @@ def metrics_text(state: FakeState) -> str:
             'sglang:spec_accept_rate{model_name="fake"} 0.75',
         ]
     else:
-        lines = ["# nothing about speculation", 'process_resident_memory_bytes 1.0e8']
+        lines = ["# nothing about speculation", "process_resident_memory_bytes 1.0e8"]
     return "\n".join(lines) + "\n"
 
 
