@@ -108,28 +108,58 @@ def test_quantized_logits_follow_the_fp32_reference(models: dict[str, LoadedMode
         assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
 
 
-def plain_greedy(target: Transformer, prompt: list[int], n: int) -> list[int]:
-    """Greedy decoding by hand: a full forward over the growing sequence each step (no cache reuse)."""
-    seq, out = list(prompt), []
-    for _ in range(n):
-        token = int(target(torch.tensor([seq]), None, target.new_cache(1, 128))[0, -1].argmax())
-        out.append(token)
+@pytest.fixture(scope="module")
+def disagreeing(models: dict[str, LoadedModel]) -> list[list[int]]:
+    """Two prompts on which the int4 and int8 models' greedy continuations differ within 16 tokens
+    (on PROMPTS they may agree throughout), so that verifying one by the other rejects drafts:
+    the first found among seeded random prompts."""
+    gen = torch.Generator().manual_seed(0)
+    params = SamplingParams(temperature=0, max_tokens=16)
+    config = EngineConfig(max_len=128, num_draft_tokens=0)
+    engines = [Engine(models[p].model, None, None, config) for p in ("int4", "int8")]
+    found: list[list[int]] = []
+    for _ in range(40):
+        size = int(torch.randint(3, 30, (1,), generator=gen))
+        prompt = torch.randint(3, models["int8"].config.vocab_size, (size,), generator=gen).tolist()
+        a, b = (e.generate([prompt], params)[0].token_ids for e in engines)
+        if list(a) != list(b):
+            found.append(prompt)
+            if len(found) == 2:
+                return found
+    raise AssertionError(f"int4 and int8 agree on 40 random prompts ({len(found)} found)")
+
+
+def recompute_gaps(target: Transformer, prompt: list[int], tokens: list[int]) -> list[float]:
+    """For each token of a greedy decode: how far its logit is below the top one when the logits
+    come from a full forward over the growing sequence (no cache reuse), relative to max |logit|."""
+    seq, gaps = list(prompt), []
+    for token in tokens:
+        logits = target(torch.tensor([seq]), None, target.new_cache(1, 128))[0, -1].float()
+        gaps.append(((logits.max() - logits[token]) / logits.abs().max()).item())
         seq.append(token)
-    return out
+    return gaps
 
 
 @pytest.mark.parametrize(("target", "draft"), [("int4", "int8"), ("int8", "int4"), ("int4", "fp32")])
-def test_greedy_speculative_equals_plain_greedy(models: dict[str, LoadedModel], target: str, draft: str) -> None:
+def test_greedy_speculative_equals_plain_greedy(
+    models: dict[str, LoadedModel], disagreeing: list[list[int]], target: str, draft: str
+) -> None:
     t, d = models[target].model, models[draft].model
     vocab = t.config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=16)
-    plain = Engine(t, None, None, EngineConfig(max_len=128, num_draft_tokens=0)).generate(PROMPTS, params)
+    prompts = PROMPTS + disagreeing
+    plain = Engine(t, None, None, EngineConfig(max_len=128, num_draft_tokens=0)).generate(prompts, params)
     drafter = make_drafter("model", draft_model=d, vocab_size=vocab, max_len=160)
     spec_engine = Engine(t, None, drafter, EngineConfig(max_len=128, num_draft_tokens=4))
-    outs = spec_engine.generate(PROMPTS, params)  # batched: verification passes of 2 x 5 rows
-    for prompt, p, s in zip(PROMPTS, plain, outs, strict=True):
+    outs = spec_engine.generate(prompts, params)  # batched: verification passes of 5 rows per prompt
+    for prompt, p, s in zip(prompts, plain, outs, strict=True):
         assert s.token_ids == p.token_ids, prompt
-    assert plain[1].token_ids == plain_greedy(t, PROMPTS[1], 16)  # cached decode == full recompute
+    # Cached decode == full recompute, up to near-ties: attention over a cache read token by token
+    # and over a whole sequence at once round differently (by an ulp of bf16), and an ulp can move
+    # an activation across an int8 rounding boundary (int8 projections quantise their inputs).
+    # The logits then differ by a fraction of a percent, enough to flip a near-tie of this random
+    # model; a wrong cache would be off by a sizeable fraction of the logits' range.
+    assert max(recompute_gaps(t, PROMPTS[1], list(plain[1].token_ids))) < 0.01
     drafted = sum(o.stats.num_draft_tokens for o in outs)
     accepted = sum(o.stats.num_accepted_tokens for o in outs)
     assert 0 < accepted < drafted or draft == "fp32"  # verification both accepted and rejected

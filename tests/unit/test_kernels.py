@@ -1,6 +1,7 @@
-"""The int4 (GGUF Q4_K, exact) and int8 (per channel) AMX kernels: lossless packing, results equal
-to ``x_bf16 @ W_exact`` up to fp32 rounding for any number of rows, batch invariance, and the
-errors a machine without the instructions gets."""
+"""The int4 (GGUF Q4_K, exact) and int8 (per channel, W8A8) kernels: lossless packing; Q4_K
+results equal to ``x_bf16 @ W_exact`` up to fp32 rounding and int8 results equal to the plain-torch
+W8A8 reference bit for bit, for any number of rows; batch invariance; and the errors a machine
+without the instructions gets."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.kernels import q4k_blocks, require_kernels
+from tests.kernels import q4k_blocks, q4k_reference, require_kernels, w8a8_quantize_reference, w8a8_reference
 from verispec.errors import ConfigError
 from verispec.models.quants import dequantize
 
 gq = pytest.importorskip("gguf.quants")
 
-ROWS = (1, 3, 16, 21, 40)  # 21 and 40: more than one 16-row chunk, the last one partial
+ROWS = (1, 3, 7, 16, 21, 40)  # 21 and 40: more than one 16-row chunk, the last one partial
+# int8: VNNI up to 3 rows, AMX above; Q4_K: VNNI up to 6 rows, AMX above; both 16 rows at a time on AMX
+W8A8_ROWS = (1, 2, 3, 4, 5, 6, 7, 9, 16, 17, 21, 40)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,11 +27,6 @@ def kernels() -> object:
 
 def exact_weights(blocks: np.ndarray, n: int, k: int) -> torch.Tensor:  # [n, k] fp32, gguf-py's reference
     return torch.from_numpy(gq.dequantize(blocks, gq.GGMLQuantizationType.Q4_K).astype(np.float32)).reshape(n, k)
-
-
-def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # fp64
-    y = x.to(torch.bfloat16).double() @ w.double().T
-    return y if bias is None else y + bias.double()
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -49,9 +47,12 @@ def test_q4k_packing_is_lossless(n: int, k: int) -> None:
     assert lin.q4k.numel() == -(-n // 16) * 16 * k // 256 * 144  # same bytes, padded to 16 rows
 
 
-@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("m", W8A8_ROWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-def test_q4k_matches_the_exact_weights(m: int, bias: bool) -> None:
+def test_q4k_computes_the_w8a8_arithmetic_on_the_exact_weights(m: int, dtype: torch.dtype, bias: bool) -> None:
+    """Bit for bit the plain-torch reference: exact integer sums of int8 activations (per 64
+    inputs) and the 4-bit codes, the format's fp32 sub-block factors applied in the same order."""
     from verispec.kernels import Q4KLinear
 
     n, k = 72, 768  # 72: the last 16-row block is partial
@@ -59,29 +60,153 @@ def test_q4k_matches_the_exact_weights(m: int, bias: bool) -> None:
     gen = torch.Generator().manual_seed(m)
     b = torch.randn(n, generator=gen) if bias else None
     lin = Q4KLinear.from_blocks(blocks, n, k, b)
-    x = torch.randn(m, k, generator=gen)
-    ref = reference(x, exact_weights(blocks, n, k), b)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    x[m // 2] = 0  # an all-zero row: y = bias
     y = lin(x)
-    assert y.dtype == torch.float32 and y.shape == (m, n)
-    assert rel_err(y, ref) < 2e-6  # fp32 rounding of sums of 768 terms
-    yb = lin(x.to(torch.bfloat16))  # bf16 in, bf16 out: the fp32 result rounded once
-    assert yb.dtype == torch.bfloat16 and torch.equal(yb, y.to(torch.bfloat16))
+    assert y.dtype == dtype and y.shape == (m, n)
+    ref = q4k_reference(x, blocks, n, k, b)
+    assert torch.equal(y, ref), (y.float() - ref.float()).abs().max()
+    assert torch.equal(y[m // 2], torch.zeros(n, dtype=dtype) if b is None else b.to(dtype))
 
 
-@pytest.mark.parametrize("m", ROWS)
-def test_int8_matches_its_weights(m: int) -> None:
+@pytest.mark.parametrize("m", (1, 5, 40))
+def test_q4k_error_is_the_activation_rounding(m: int) -> None:
+    """Against ``x @ W_exact.T`` (gguf-py's weights) the error is at most half an activation step
+    per input: |y - x @ W.T| <= sum_k scale_x(k) / 2 * |W[n, k]| (+ fp32 rounding)."""
+    from verispec.kernels import Q4KLinear
+
+    n, k = 40, 512
+    blocks = q4k_blocks(n, k, seed=m)
+    lin = Q4KLinear.from_blocks(blocks, n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    x[:, 3] *= 30  # an outlier channel: only its block's step grows
+    w = exact_weights(blocks, n, k).double()
+    err = (lin(x).double() - x.double() @ w.T).abs()
+    step = w8a8_quantize_reference(x)[1].double().repeat_interleave(64, dim=1)
+    assert (err <= (step / 2) @ w.abs().T * (1 + 1e-4) + 1e-5).all()
+
+
+@pytest.mark.parametrize("kind", ["q4k", "int8"])
+def test_engines_agree_bit_for_bit(kind: str) -> None:
+    """VNNI and AMX (chosen by the number of rows) give identical results at every M."""
+    from verispec.kernels import Int8Linear, Q4KLinear
+
+    kernels = require_kernels()
+    gen = torch.Generator().manual_seed(0)
+    for n, k in [(40, 256), (33, 1024)] + ([(16, 4864), (24, 96)] if kind == "int8" else []):
+        if kind == "q4k":
+            lin = Q4KLinear.from_blocks(q4k_blocks(n, k, seed=k), n, k, torch.randn(n, generator=gen))
+
+            def run(x: torch.Tensor, engine: int, lin: Q4KLinear = lin, n: int = n, k: int = k) -> torch.Tensor:
+                return kernels.q4k_linear(x, lin.q4k, n, k, lin.bias, engine)
+
+        else:
+            lin8 = Int8Linear.from_weight(torch.randn(n, k, generator=gen), torch.randn(n, generator=gen))
+
+            def run(x: torch.Tensor, engine: int, lin: Int8Linear = lin8, n: int = n, k: int = k) -> torch.Tensor:
+                return kernels.w8a8_linear(x, lin.int8, lin.int8_scale, n, k, lin.bias, engine)
+
+        for m in (1, 3, 4, 8, 9, 16, 19, 40):
+            x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+            auto, vnni, amx = (run(x, engine) for engine in (0, 1, 2))
+            assert torch.equal(auto, vnni) and torch.equal(auto, amx), (n, k, m)
+
+
+@pytest.mark.parametrize(("n", "k"), [(40, 96), (16, 256), (3, 32)])
+def test_int8_packing_is_lossless(n: int, k: int) -> None:
     from verispec.kernels import Int8Linear
 
-    n, k = 40, 96  # k % 64 == 32: the single-step tail
-    gen = torch.Generator().manual_seed(m)
-    w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
-    lin = Int8Linear.from_weight(w, b)
-    codes, scale = lin.codes(), lin.int8_scale[:n]
-    assert codes.dtype == torch.int8 and int(codes.abs().max()) == 127
+    gen = torch.Generator().manual_seed(n)
+    codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    codes[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+    scale = torch.rand(n, generator=gen)
+    lin = Int8Linear.from_codes(codes, scale)
+    assert torch.equal(lin.codes(), codes)
     assert torch.equal(lin.dequantize(), codes.float() * scale[:, None])
-    assert ((lin.dequantize() - w).abs() <= scale[:, None] * (0.5 + 1e-5)).all()  # one rounding
+    assert lin.int8.numel() == -(-n // 16) * 16 * k and not lin.int8_scale[n:].any()
+
+
+def test_int8_weights_are_rounded_once() -> None:
+    from verispec.kernels import Int8Linear
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 96, generator=gen)
+    w[3] = 0  # an all-zero row: scale 0
+    lin = Int8Linear.from_weight(w)
+    codes, scale = lin.codes(), lin.int8_scale[:40]
+    assert codes.dtype == torch.int8 and int(codes.abs().max()) == 127 and scale[3] == 0
+    assert ((lin.dequantize() - w).abs() <= scale[:, None] * (0.5 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("m", W8A8_ROWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_is_w8a8(m: int, dtype: torch.dtype, bias: bool) -> None:
+    """The kernel computes exactly the W8A8 arithmetic of the plain-torch reference: integer sums
+    of int8 activations (quantised per 64 inputs) and int8 weights, then the same fp32 steps."""
+    from verispec.kernels import Int8Linear
+
+    n, k = 40, 224  # 40: the last 16-row block is partial; 224 % 64 == 32: a short last block
+    gen = torch.Generator().manual_seed(m)
+    lin = Int8Linear.from_weight(torch.randn(n, k, generator=gen), torch.randn(n, generator=gen) if bias else None)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    x[m // 2] = 0  # an all-zero row: scale 0, y = bias
+    y = lin(x)
+    assert y.dtype == dtype and y.shape == (m, n)
+    ref = w8a8_reference(x, lin.codes(), lin.int8_scale[:n], lin.bias)
+    assert torch.equal(y, ref), (y.float() - ref.float()).abs().max()
+    assert torch.equal(y[m // 2], torch.zeros(n, dtype=dtype) if lin.bias is None else lin.bias.to(dtype))
+
+
+def test_int8_activation_quantisation_matches_the_reference() -> None:
+    kernels = require_kernels()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 160, generator=gen) * torch.logspace(-3, 3, 7)[:, None]  # scales per 64, 64, 32
+    x[2] = 0
+    x[3, 64:67] = torch.tensor([-127.0, 2.5, -3.5])  # block 1 of row 3 has scale 1: ties round to even
+    x[3, 67:128] = torch.rand(61, generator=gen)
+    x[4, 128:] = 0  # one all-zero block
+    q, scale, sums = kernels.w8a8_quantize(x)
+    ref, ref_scale = w8a8_quantize_reference(x)
+    assert torch.equal(q, ref.to(torch.int8)) and torch.equal(scale, ref_scale) and scale.shape == (7, 3)
+    assert torch.equal(sums, ref.reshape(7, 5, 32).sum(2).to(torch.int32)) and int(q.abs().max()) == 127
+    assert q[3, 64:67].tolist() == [-127, 2, -4] and scale[3, 1] == 1
+    assert not q[2].any() and not scale[2].any() and scale[4, 2] == 0 and scale[4, 1] > 0
+
+
+def test_int8_extreme_codes_do_not_overflow() -> None:
+    """Full-scale codes of one sign over a long row: the largest sums the format allows are exact."""
+    from verispec.kernels import Int8Linear
+
+    n, k = 20, 8960
+    codes = torch.full((n, k), -128, dtype=torch.int8)
+    codes[1::2] = 127
+    lin = Int8Linear.from_codes(codes, torch.full((n,), 2.0**-7))
+    x = torch.full((3, k), -1.0)
+    x[1] = 1.0
+    y = lin(x)
+    assert torch.equal(y, w8a8_reference(x, codes, lin.int8_scale[:n], None))
+    assert y[0, 0].item() == pytest.approx(128 * k * 2.0**-7, rel=1e-6)
+    assert y[1, 1].item() == pytest.approx(127 * k * 2.0**-7, rel=1e-6)
+
+
+@pytest.mark.parametrize("m", (1, 5, 40))
+def test_int8_error_is_the_activation_rounding(m: int) -> None:
+    """Against the exact product with the same weights, the error is bounded by half an activation
+    step per element: |y - x @ W.T| <= sum_k scale_x(k) / 2 * |W[n, k]| (+ fp32 rounding)."""
+    from verispec.kernels import Int8Linear
+
+    n, k = 48, 512
+    gen = torch.Generator().manual_seed(m)
+    lin = Int8Linear.from_weight(torch.randn(n, k, generator=gen))
     x = torch.randn(m, k, generator=gen)
-    assert rel_err(lin(x), reference(x, lin.dequantize(), b)) < 2e-6
+    x[:, 7] *= 50  # an outlier channel: only its block's step grows
+    w = lin.dequantize().double()
+    err = (lin(x).double() - x.double() @ w.T).abs()
+    step = w8a8_quantize_reference(x)[1].double().repeat_interleave(64, dim=1)  # [m, k]: scale_x of each input
+    bound = (step / 2) @ w.abs().T
+    assert (err <= bound * (1 + 1e-4) + 1e-4).all()
+    assert rel_err(lin(x), x.double() @ w.T) < 0.05  # typical: a few per mille (more with the outlier)
 
 
 @pytest.mark.parametrize("kind", ["q4k", "int8"])

@@ -1,10 +1,12 @@
-"""CPU kernels for weight-only-quantised linear layers: GGUF Q4_K used exactly, and per-channel int8.
+"""CPU kernels for quantised linear layers: GGUF Q4_K weights used exactly, and per-channel int8.
 
-Activations stay bf16, sums are fp32, and a pass over 1 to 16 tokens costs about what one token
-costs (the weights are unpacked once per call and multiplied on AMX), which keeps speculative
-verification cheap. The C++ sources (``csrc/``) compile on first use and are cached under
+Activations are quantised to int8 in blocks of 64 inputs (like llama.cpp's Q8 activations), the
+products are summed exactly in int32 (AVX512-VNNI, or AMX for many rows) and scaled in fp32, and a
+pass over 1 to 16 tokens costs about what one token costs (the weights are read once per call),
+which keeps speculative verification cheap; row ``i`` of a call does not depend on the other
+rows, bit for bit. The C++ sources (``csrc/``) compile on first use and are cached under
 ``$VERISPEC_HOME/kernels`` (:mod:`verispec.kernels.build`); they need an x86-64 CPU with AVX-512
-BF16 and AMX (:func:`cpu_supported`), a C++ compiler (g++ >= 11) and ninja, and raise
+BF16 / VNNI and AMX (:func:`cpu_supported`), a C++ compiler (g++ >= 11) and ninja, and raise
 :class:`~verispec.errors.ConfigError` with the remedy otherwise.
 
     from verispec.kernels import Q4KLinear, Int8Linear

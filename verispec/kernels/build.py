@@ -7,10 +7,10 @@ the sources, the flags and the torch and Python versions: a first build takes ab
 (logged as it starts), later processes import the cached library in well under a second. A file
 lock (``kernels/.lock``, released by the OS if a process dies) serialises concurrent builds.
 
-The kernels need an x86-64 Linux CPU with AVX-512 (F, BW, VL, DQ, BF16) and AMX (TILE, BF16): Intel
-Xeon 4th generation ("Sapphire Rapids") or newer. :func:`cpu_supported` says whether this one
-qualifies; :func:`load` raises :class:`~verispec.errors.ConfigError` naming what is missing (CPU
-features, compiler, ninja) and what to do instead.
+The kernels need an x86-64 Linux CPU with AVX-512 (F, BW, VL, DQ, BF16, VNNI) and AMX (TILE,
+BF16, INT8): Intel Xeon 4th generation ("Sapphire Rapids") or newer. :func:`cpu_supported` says
+whether this one qualifies; :func:`load` raises :class:`~verispec.errors.ConfigError` naming what
+is missing (CPU features, compiler, ninja) and what to do instead.
 """
 
 from __future__ import annotations
@@ -33,19 +33,22 @@ from verispec.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
-SOURCES = ("common.h", "q4k.cpp", "int8.cpp", "bindings.cpp")
+SOURCES = ("common.h", "q4k.cpp", "w8a8.cpp", "bindings.cpp")
 COMPILE_FLAGS = (
     "-O3",
+    "-ffp-contract=off",  # a * b + c stays two roundings unless a kernel asks for an FMA
     "-fopenmp",  # at::parallel_for is an OpenMP region compiled into the extension
     "-mavx512f",
     "-mavx512bw",
     "-mavx512vl",
     "-mavx512dq",
     "-mavx512bf16",
+    "-mavx512vnni",
     "-mf16c",
     "-mfma",
     "-mamx-tile",
     "-mamx-bf16",
+    "-mamx-int8",
 )
 #: /proc/cpuinfo flags the kernels execute.
 REQUIRED_CPU_FLAGS = (
@@ -54,10 +57,12 @@ REQUIRED_CPU_FLAGS = (
     "avx512vl",
     "avx512dq",
     "avx512_bf16",
+    "avx512_vnni",
     "f16c",
     "fma",
     "amx_tile",
     "amx_bf16",
+    "amx_int8",
 )
 _FALLBACK = "use --dtype bf16 (or fp32), which runs on any CPU"
 
@@ -91,7 +96,7 @@ def missing_cpu_features() -> list[str]:
 
 
 def cpu_supported() -> bool:
-    """True when this CPU has every instruction the kernels use (AVX-512 BF16 and AMX)."""
+    """True when this CPU has every instruction the kernels use (AVX-512 BF16 / VNNI and AMX)."""
     return not missing_cpu_features()
 
 
@@ -123,8 +128,8 @@ def check_buildable() -> None:
     missing = missing_cpu_features()
     if missing:
         raise ConfigError(
-            f"the int4/int8 kernels need a CPU with AVX-512 BF16 and AMX (Intel Xeon 4th gen or newer); this "
-            f"one lacks {', '.join(missing)}: {_FALLBACK}"
+            "the int4/int8 kernels need a CPU with AVX-512 BF16 / VNNI and AMX (Intel Xeon 4th gen or newer); "
+            f"this one lacks {', '.join(missing)}: {_FALLBACK}"
         )
     if compiler() is None:
         raise ConfigError(

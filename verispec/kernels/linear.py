@@ -1,18 +1,29 @@
-"""Linear layers whose weights stay quantised in memory, run by the AMX kernels of this package.
+"""Linear layers whose weights stay quantised in memory, run by the integer kernels of this package.
 
 - :class:`Q4KLinear`: GGUF Q4_K weights used EXACTLY: the packed tensor is a byte permutation of
-  the file's blocks (same size, 4.5 bits per weight) and the kernel applies the fp32 scales and
-  mins, so ``forward`` computes ``x_bf16 @ dequantise(Q4_K).T`` with fp32 sums. No second
-  quantisation.
+  the file's blocks (same size, 4.5 bits per weight); the kernel multiplies the 4-bit codes and
+  applies the fp32 sub-block scales and mins, so no weight is ever re-quantised or rounded.
 - :class:`Int8Linear`: symmetric per-output-channel int8, ``w = scale[n] * q[n, k]``, made from
   floating-point weights by :meth:`Int8Linear.from_weight` (one rounding of those weights).
 
-Both take activations ``[..., K]`` in bf16 or fp32 (rounded to bf16 for the multiply), accumulate
-in fp32, add the fp32 bias and return ``[..., N]`` in the activations' dtype. Their cost is flat
-from 1 to 16 rows per call (the weights are unpacked once per call, see ``csrc/q4k.cpp``) and any
-number of rows works (16 at a time against the same unpacked weights). Row ``i`` of an ``M``-row
-call equals the one-row call on row ``i`` bit for bit (batch invariance), so a verification pass
-computes the same logits rows as the decode steps it stands for.
+Both quantise their input activations to int8 (W8A8, like llama.cpp's Q8 activations): each row
+of ``x`` (bf16 or fp32) in blocks of 64 inputs, ``scale = max|x_block| / 127``, codes
+``round_half_even(x * (127 / max|x_block|))``. The products of codes are summed exactly in int32
+(AVX512-VNNI VPDPBUSD for few rows, AMX TDPBSUD for more), block by block, and the scales are
+applied in fp32: ``y = x_q @ W.T + bias`` with ``x_q`` the dequantised activations, returned in
+``x``'s dtype. The activations' 8-bit rounding is the one approximation beyond the weights' own
+format: at most half a step (``max|x_block| / 254``) per input, uniform and unbiased. Blocks of 64
+rather than one scale per row keep outlier channels from spending the 8 bits of a whole row
+(Qwen2.5-Coder 0.5B / 1.5B in int8, mean KL of the next-token distribution to bf16's over 420
+positions: 0.0023 / 0.0024, against 0.016 / 0.033 with a scale per row and 0.0015 / 0.0013 with
+bf16 activations; top-1 agreement 96.4% / 98.6%, against 97.4% / 98.6% with bf16 activations).
+
+Their cost is nearly flat from 1 to 16 rows per call (memory-bound: each weight is read once per
+call, and integer products are cheap), and any number of rows works (16 at a time against the
+same weights). The integer sums are exact and the fp32 steps are the same code for every row, so
+row ``i`` of an ``M``-row call equals the one-row call on row ``i`` bit for bit (batch
+invariance), whichever instructions run: a verification pass computes the same logits rows as the
+decode steps it stands for.
 
 Weights live in buffers (``q4k``; ``int8`` and ``int8_scale``; ``bias``): a module's
 ``state_dict()`` is what the runtime caches, and ``Q4KLinear(**tensors)`` rebuilds it.
@@ -57,7 +68,16 @@ def _check_bias(bias: Tensor | None, n: int) -> Tensor | None:
 
 
 class Q4KLinear(nn.Module):
-    """``y = x @ W.T + bias`` with ``W`` ``[N, K]`` the exact weights of GGUF Q4_K blocks.
+    """``y = x_q @ W.T + bias`` with ``W`` ``[N, K]`` the exact weights of GGUF Q4_K blocks and
+    ``x_q`` the activations quantised to int8 per block of 64 inputs (see the module docstring).
+
+    Numerics (``csrc/q4k.cpp``): per block of 64 inputs (sub-blocks ``j0``, ``j1`` of 32), the
+    integer sums ``S_j = p . q_j`` (activation codes times 4-bit weight codes) and ``P_j = sum p``
+    are exact; then in fp32, with fused multiply-adds in a fixed order,
+    ``t += (S_j0 * ds_j0 + S_j1 * ds_j1) * scale_x - P_j0 * scale_x * dm_j0 - P_j1 * scale_x * dm_j1``
+    block by block, and ``y = t + bias``, where ``ds = d * scale`` and ``dm = dmin * min`` are the
+    format's exact fp32 factors (``w = ds * q - dm``). :meth:`dequantize` returns the weights bit
+    for bit as ggml does.
 
     ``q4k``: the packed records (uint8, :func:`q4k_packed_numel` bytes), as :meth:`from_blocks`
     makes them. ``K`` must be a multiple of 256 (the format's super-block); ``N`` is any size.
@@ -100,14 +120,22 @@ class Q4KLinear(nn.Module):
         return self.q4k.numel() + (0 if self.bias is None else self.bias.numel() * 4)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, Q4_K exact"
+        return f"in_features={self.in_features}, out_features={self.out_features}, Q4_K exact, W8A8"
 
 
 class Int8Linear(nn.Module):
-    """``y = (x @ q.T) * scale + bias`` with int8 codes ``q`` ``[N, K]`` and fp32 ``scale`` ``[N]``.
+    """``y = x_q @ (scale * q).T + bias``: int8 codes ``q`` ``[N, K]`` with fp32 ``scale`` ``[N]``,
+    and ``x_q`` the activations quantised to int8 per block of 64 inputs (W8A8, see the module
+    docstring).
 
-    ``int8``: the packed codes (:meth:`from_weight` or :meth:`from_codes`), ``int8_scale``: the
-    scales padded with zeros to a multiple of 16 rows. ``K`` must be a multiple of 32.
+    Numerics (``csrc/w8a8.cpp``): per block ``b`` of 64 inputs of an activation row, with codes
+    ``p`` and scale ``scale_x``, ``acc_b = p . q`` is exact in int32; then in fp32, unfused,
+    ``t += float(acc_b) * scale_x`` block by block and ``y = (t * scale) + bias``. The weights are
+    exactly ``scale * q`` (:meth:`dequantize`).
+
+    ``int8``: the packed codes (:meth:`from_weight` or :meth:`from_codes`; ``q + 128`` stored as
+    bytes in 16-row blocks, see :meth:`codes`), ``int8_scale``: the scales padded with zeros to a
+    multiple of 16 rows. ``K`` must be a multiple of 32.
     """
 
     kind: ClassVar[str] = "int8"
@@ -132,13 +160,13 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_codes(cls, codes: Tensor, scale: Tensor, bias: Tensor | None = None) -> Int8Linear:
-        """From int8 codes ``[N, K]`` and fp32 scales ``[N]``: ``w[n, k] = scale[n] * codes[n, k]``."""
+        """From int8 codes ``[N, K]`` (-128..127) and fp32 scales ``[N]``: ``w[n, k] = scale[n] * codes[n, k]``."""
         n, k = codes.shape
         if k % INT8_ALIGN:
             raise ValueError(f"int8 needs in_features % {INT8_ALIGN} == 0, got {k}")
         padded = torch.zeros(_row_blocks(n) * ROWS, dtype=torch.float32)
         padded[:n] = scale.to(torch.float32)
-        return cls(load().int8_pack(codes.contiguous()), padded, n, k, bias)
+        return cls(load().w8a8_pack(codes.contiguous()), padded, n, k, bias)
 
     @classmethod
     def from_weight(cls, weight: Tensor, bias: Tensor | None = None) -> Int8Linear:
@@ -149,14 +177,15 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] bf16/fp32 -> [..., N] same dtype
         n, k = self.out_features, self.in_features
-        y: Tensor = load().int8_linear(_flat(x), self.int8, self.int8_scale, n, k, self.bias)
+        y: Tensor = load().w8a8_linear(_flat(x), self.int8, self.int8_scale, n, k, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def codes(self) -> Tensor:  # [N, K] int8, unpacked
         rows, k = _row_blocks(self.out_features) * ROWS, self.in_features
-        # packed index ((nb * K/32 + t) * 16 + p) * 32 + b holds q[16 nb + b // 2, 32 t + 2 p + b % 2]
-        packed = self.int8.view(rows // ROWS, k // 32, 16, ROWS, 2)  # [nb, t, p, r, 2]
-        return packed.permute(0, 3, 1, 2, 4).reshape(rows, k)[: self.out_features]
+        # packed index ((nb * K/4 + g) * 16 + r) * 4 + j holds q[16 nb + r, 4 g + j] + 128 as a byte
+        packed = self.int8.view(rows // ROWS, k // 4, ROWS, 4)  # [nb, g, r, j]
+        offset = packed.permute(0, 2, 1, 3).reshape(rows, k)[: self.out_features]
+        return torch.bitwise_xor(offset, -128)  # flipping the top bit subtracts 128 (mod 256)
 
     def dequantize(self) -> Tensor:  # [N, K] fp32: the weights forward() multiplies by
         return self.codes().to(torch.float32) * self.int8_scale[: self.out_features, None]
@@ -166,7 +195,7 @@ class Int8Linear(nn.Module):
         return self.int8.numel() + self.int8_scale.numel() * 4 + (0 if self.bias is None else self.bias.numel() * 4)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, W8A8"
 
 
 def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:

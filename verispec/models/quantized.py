@@ -1,9 +1,11 @@
 """The quantised precisions "int4" and "int8": which projection runs on which kernel, packing, and
 the packed-weight cache.
 
-Activations, norms, embeddings, attention and the KV cache stay bf16 in both; only the
-projections (q/k/v/o, gate/up/down, the LM head) change, each by the rule below applied to the
-GGML type the GGUF file stores it in (:func:`choose_kind`):
+Norms, embeddings, attention and the KV cache stay bf16 in both; only the projections (q/k/v/o,
+gate/up/down, the LM head) change, each by the rule below applied to the GGML type the GGUF file
+stores it in (:func:`choose_kind`). Both kinds of packed projection quantise their input
+activations to int8 in blocks of 64 (W8A8, like llama.cpp's Q8 activations; see
+:mod:`verispec.kernels.linear`).
 
 =========  ==========================================  ==========================================
 precision  stored as Q4_K                              stored otherwise (Q6_K, Q5_0, Q8_0, F16, ...)
@@ -49,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("int4", "int8")
 #: Version of the packed layouts (bump when csrc's layouts change: caches then rebuild).
-PACK_FORMAT = "verispec.packed/1"
+PACK_FORMAT = "verispec.packed/3"  # 3: the integer-kernel layouts (csrc/w8a8.cpp, csrc/q4k.cpp)
 INT8_ALIGN = 32
 
 

@@ -1,13 +1,13 @@
-// Shared pieces of verispec's weight-only-quantised linear kernels (see q4k.cpp and int8.cpp):
-// AMX tile setup, the argument block every kernel takes, and the kernel entry points that
-// bindings.cpp calls. No torch header here: the kernels see raw pointers only, so they compile
-// in seconds and read as plain C++.
+// Shared pieces of verispec's quantised linear kernels (w8a8.cpp: int8 weights, q4k.cpp: GGUF
+// Q4_K weights; both times activations quantised to int8): the AMX tile plumbing, the argument
+// block the kernels take, and the entry points that bindings.cpp calls. No torch header here: the
+// kernels see raw pointers only, so they compile in seconds and read as plain C++.
 //
 // Conventions: the weight matrix W is [N, K] (N output features, K input features), activations
-// x are bf16 [M, K] row-major, y = x @ W.T + bias is [M, N] (fp32 or bf16), and outputs are
-// produced 16 columns (= 16 weight rows) at a time. Each entry point computes the output columns
-// of weight-row blocks [begin, end) for all M rows of x; bindings.cpp splits the blocks among
-// threads.
+// x are [M, K] row-major, y = x @ W.T + bias is [M, N] (fp32 or bf16), and outputs are produced
+// 16 columns (= 16 weight rows, one packed row block) at a time. Each entry point computes the
+// output columns of row blocks [begin, end) for all M rows of x; bindings.cpp splits the blocks
+// among threads.
 #pragma once
 
 #include <immintrin.h>
@@ -17,7 +17,7 @@
 
 namespace verispec {
 
-constexpr int kRows = 16;  // weight rows (= output columns) per tile, and the most rows of an A tile
+constexpr int kRows = 16;  // weight rows (= output columns) per packed block, and the most rows of an A tile
 
 // GCC 12's AMX intrinsics are inline asm that under-declare their memory effects: ldtilecfg is
 // told it reads 8 of the config's 64 bytes and tileloadd that it reads no memory at all, so the
@@ -36,26 +36,6 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-// The tiles every kernel uses:
-//   tmm0, tmm1: C, [R x 16] fp32 (R activation rows x 16 output columns)
-//   tmm2, tmm3: A, [R x 32] bf16 (R activation rows x 32 inputs), read straight from x
-//   tmm4, tmm5: B, [16 x 32] bf16 in VNNI order: row p holds inputs (2p, 2p+1) of 16 weight rows
-// TDPBF16PS C += A . B then gives C[m][n] += sum over 32 inputs k of x[m][k] * w[n][k].
-inline void configure_tiles(int rows) {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 4; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(rows);
-    cfg.colsb[t] = 64;
-  }
-  for (int t = 4; t < 6; ++t) {
-    cfg.rows[t] = kRows;
-    cfg.colsb[t] = 64;
-  }
-  VS_TILE_LOADCONFIG(&cfg);
-}
-
 // Linux hands out the AMX tile-data state only to processes that ask (arch_prctl
 // ARCH_REQ_XCOMP_PERM, XTILEDATA); false when the CPU or the kernel refuses.
 bool amx_permitted();
@@ -69,30 +49,38 @@ inline void store_columns(void* y, bool out_bf16, int64_t offset, __m512 v, int 
     _mm512_mask_storeu_ps(static_cast<float*>(y) + offset, mask, v);
 }
 
-// What every kernel is given. x holds `rows` activation rows, a multiple of 16 when there are
-// more than 16 (bindings.cpp pads), of which the first M are real; y is [M, N].
-struct LinearArgs {
-  const uint8_t* w;    // packed weights (layout of the kernel's format)
-  const float* scale;  // int8: [N_padded] per-row scales; unused by Q4_K
-  const uint16_t* x;   // bf16 [rows, K]
-  const float* xsum;   // Q4_K: [rows, K/32] fp32 sums of each 32-input sub-block of x; else null
-  const float* bias;   // [N] fp32, or null
-  void* y;             // [M, N] fp32 or bf16
-  int64_t M, rows, N, K;
+// What the kernels are given: the packed weights and the activations quantised by w8a8_quantize.
+struct W8A8Args {
+  const uint8_t* w;       // packed weights (layout of the kernel's format)
+  const float* wscale;    // int8: [N rounded up to 16] per-row weight scales (zero-padded); Q4_K: null
+  const int8_t* xq;       // [M, K] quantised activations
+  const float* xscale;    // [M, ceil(K / 64)] activation scales per block of 64 inputs
+  const int32_t* xsum;    // [M, K / 32] sums of xq[m][k] over each 32 inputs
+  const float* xmin;      // Q4_K: [M, K / 32] float(xsum) * the activation scale of its block; else null
+  const float* bias;      // [N] fp32, or null
+  void* y;                // [M, N] fp32 or bf16
+  int64_t M, N, K;
   bool out_bf16;
 };
+constexpr int kW8A8Block = 64;  // inputs per activation block (one scale each)
+void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale, int32_t* sum, int64_t begin,
+                   int64_t end);
 
-// ---- Q4_K (q4k.cpp)
+// Which instructions a kernel uses: by the number of rows (auto), or forced (for the tests).
+constexpr int kEngineAuto = 0, kEngineVnni = 1, kEngineAmx = 2;
+
+// ---- per-channel int8 weights (w8a8.cpp)
+bool w8a8_uses_amx(int64_t m, int engine);
+void w8a8_pack(const int8_t* q, int64_t n, int64_t k, uint8_t* packed, int64_t begin, int64_t end);
+void w8a8_linear(const W8A8Args& a, int64_t begin, int64_t end, int engine);
+
+// ---- GGUF Q4_K weights (q4k.cpp)
 constexpr int kQ4KSuper = 256;    // inputs per super-block
 constexpr int kQ4KBlock = 144;    // bytes of one GGUF block_q4_K
 constexpr int kQ4KRecord = 2304;  // bytes of one packed record: 16 rows x one super-block
 void q4k_pack(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* packed, int64_t begin, int64_t end);
 void q4k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, int64_t end);
-void q4k_linear(const LinearArgs& a, int64_t begin, int64_t end);
-void subblock_sums(const uint16_t* x, int64_t rows, int64_t k, float* xsum);
-
-// ---- per-channel int8 (int8.cpp)
-void int8_pack(const int8_t* q, int64_t n, int64_t k, int8_t* packed, int64_t begin, int64_t end);
-void int8_linear(const LinearArgs& a, int64_t begin, int64_t end);
+bool q4k_uses_amx(int64_t m, int engine);
+void q4k_linear(const W8A8Args& a, int64_t begin, int64_t end, int engine);
 
 }  // namespace verispec
