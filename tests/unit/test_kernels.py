@@ -256,3 +256,13 @@ def test_a_cpu_without_the_instructions_gets_a_config_error(monkeypatch: pytest.
         build.load()
     with pytest.raises(ConfigError, match="CPU only"):
         check_precision("int8", "cuda")
+
+
+def test_no_rows_give_no_rows() -> None:
+    """A pass where no sequence needs a projection (an empty batch slice) returns an empty result."""
+    from verispec.kernels import Int8Linear, Q4KLinear
+
+    for lin in (Q4KLinear.from_blocks(q4k_blocks(16, 256), 16, 256), Int8Linear.from_weight(torch.randn(16, 256))):
+        for shape in ((0, 256), (2, 0, 256)):
+            y = lin(torch.randn(*shape, dtype=torch.bfloat16))
+            assert y.shape == (*shape[:-1], 16) and y.dtype == torch.bfloat16

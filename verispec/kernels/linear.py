@@ -108,6 +108,8 @@ class Q4KLinear(nn.Module):
         return cls(packed, out_features, in_features, bias)
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] bf16/fp32 -> [..., N] same dtype
+        if x.numel() == 0:  # no rows (e.g. a step where no sequence needs this head)
+            return x.new_zeros(*x.shape[:-1], self.out_features)
         y: Tensor = load().q4k_linear(_flat(x), self.q4k, self.out_features, self.in_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
@@ -177,6 +179,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] bf16/fp32 -> [..., N] same dtype
         n, k = self.out_features, self.in_features
+        if x.numel() == 0:  # no rows (e.g. a step where no sequence needs this head)
+            return x.new_zeros(*x.shape[:-1], n)
         y: Tensor = load().w8a8_linear(_flat(x), self.int8, self.int8_scale, n, k, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
