@@ -73,3 +73,32 @@ def test_calibration_is_measured_once_and_cached(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(calib, "calibrate", boom)
     again = load_or_calibrate(target, "tiny", tmp_path)
     assert again.seconds == table.seconds
+
+
+def test_a_catch_up_pass_is_no_sample_of_the_draft_cost() -> None:
+    """Draft time spent feeding a prompt, or tokens committed while speculation was off, must not
+    teach the policy that drafting is expensive (it would switch itself off for good)."""
+    policy = MeasuredPolicy(8, costs=costs({1: 0.10, 2: 0.10, 5: 0.105}))
+    batch = requests(1)
+    policy.observe(batch, [1], [1], draft_seconds=None, verify_seconds=0.1)
+    assert policy.draft_pass[1].value is None
+    policy.observe(batch, [2], [2], draft_seconds=0.02, verify_seconds=0.1)
+    assert policy.draft_pass[1].value == pytest.approx(0.01)
+
+
+def test_engine_reports_catch_up_only_for_prompts_and_lagging_drafts() -> None:
+    from verispec.config import EngineConfig
+    from verispec.drafters.registry import make_drafter
+    from verispec.engine import Engine
+
+    target, draft = tiny_pair(8)
+    drafter = make_drafter("model", draft_model=draft, vocab_size=8, max_len=300)
+    engine = Engine(target, None, drafter, EngineConfig(max_len=256, num_draft_tokens=3))
+    engine.add_request(list(range(8)) * 3, SamplingParams(temperature=0, max_tokens=12))
+    seen = []
+    while engine.has_unfinished():
+        engine.step()
+        if engine.steps and engine.steps[-1].num_passes > 0:
+            seen.append(drafter.last_catchup_tokens)  # type: ignore[union-attr]
+    assert seen[0] == 25  # the prompt and the token the prefill produced
+    assert all(n <= 2 for n in seen[1:])  # steady state: the last token, plus one after a full acceptance

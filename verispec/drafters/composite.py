@@ -28,6 +28,11 @@ class CompositeDrafter:
         self.ngram = ngram
         self.model = model
 
+    @property
+    def last_catchup_tokens(self) -> int:
+        """The model drafter's context catch-up in the last proposal (0 when only n-grams drafted)."""
+        return self.model.last_catchup_tokens
+
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
         self.ngram.begin(request_id, prompt_ids)
         self.model.begin(request_id, prompt_ids)

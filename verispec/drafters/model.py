@@ -167,6 +167,9 @@ class ModelDrafter:
             logits[:, self.vocab_limit :] = float("-inf")
         return logits
 
+    #: Widest context catch-up of the last :meth:`propose` (see there).
+    last_catchup_tokens: int = 0
+
     @torch.inference_mode()
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
         n = len(batch)
@@ -184,6 +187,10 @@ class ModelDrafter:
         drafted: dict[int, list[int]] = {b: [] for b in rows}
         active = list(range(len(rows)))  # indices into rows/states
         pieces = [s.context[s.fed :] for s in states]
+        # Context tokens the first pass feeds (1-2 in steady state; a prompt or the tokens committed
+        # while speculation was off otherwise): a one-off cost the draft-length policy must not
+        # mistake for the price of a draft token.
+        self.last_catchup_tokens = max((len(p) for p in pieces), default=0)
         for i in range(k_max):
             if not active:
                 break

@@ -43,6 +43,10 @@ from verispec.models.tokenizer import Tokenizer
 from verispec.sampling import TokenHistory, make_generator, to_probs
 from verispec.verify import Draft, make_rule
 
+#: Context tokens a drafter feeds before drafting in steady state: the last committed token, plus
+#: the last draft token after a full acceptance.
+STEADY_CATCHUP = 2
+
 log = logging.getLogger(__name__)
 
 
@@ -285,7 +289,11 @@ class Engine:
         self.cache.keep_step_prefix([1 + a for a in accepted], slots)
         done = time.perf_counter()
         self.steps.append(StepRecord(len(batch), draft.max_tokens, counts, accepted, drafted - start, done - drafted))
-        self.policy.observe(batch, counts, accepted, drafted - start, done - drafted)
+        # A draft pass that first caught up on a prompt, or on tokens committed while speculation was
+        # off, is no sample of what drafting costs per token (the policy would switch itself off).
+        catchup = getattr(self.drafter, "last_catchup_tokens", 0) if any(counts) else 0
+        clean = drafted - start if catchup <= STEADY_CATCHUP else None
+        self.policy.observe(batch, counts, accepted, clean, done - drafted)
 
         outputs = [self._fail(batch[i], exc) for i, exc in failed.items()]
         for i, (req, n_draft, n_acc, new) in enumerate(zip(batch, counts, accepted, rows, strict=True)):

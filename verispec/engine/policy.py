@@ -38,7 +38,7 @@ class DraftPolicy(Protocol):
         batch: Sequence[Request],
         drafted: Sequence[int],
         accepted: Sequence[int],
-        draft_seconds: float,
+        draft_seconds: float | None,  # None: the draft time held a one-off catch-up, not a cost sample
         verify_seconds: float,
     ) -> None: ...
 
@@ -57,7 +57,7 @@ class FixedPolicy:
         batch: Sequence[Request],
         drafted: Sequence[int],
         accepted: Sequence[int],
-        draft_seconds: float,
+        draft_seconds: float | None,
         verify_seconds: float,
     ) -> None:
         return None
@@ -168,12 +168,12 @@ class MeasuredPolicy:
         batch: Sequence[Request],
         drafted: Sequence[int],
         accepted: Sequence[int],
-        draft_seconds: float,
+        draft_seconds: float | None,
         verify_seconds: float,
     ) -> None:
         k = max(drafted, default=0)
         self.verify_time[(len(batch), k + 1)].update(verify_seconds)
-        if k > 0:
+        if k > 0 and draft_seconds is not None:
             self.draft_pass[len(batch)].update(draft_seconds / k)
         for req, d, a in zip(batch, drafted, accepted, strict=True):
             reached, passed = self.per_request.setdefault(req.request_id, ([0.0] * self.max_k, [0.0] * self.max_k))
