@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from decode_speed import wait_until_quiet  # benchmarks/ is on the path when this script runs
 
 from verispec.kernels import Int8Linear, Q4KLinear, load
 from verispec.models.linear import dense_linear
@@ -113,27 +113,6 @@ def read_bandwidth_gbps(reps: int = 7) -> float:
         reader(buf)
         times.append(time.perf_counter() - t0)
     return buf.nbytes / statistics.median(times) / 1e9
-
-
-def cpu_busy_elsewhere(window_s: float = 0.2) -> float:
-    """CPUs' worth of work other processes did over a short window (from /proc/stat)."""
-
-    def sample() -> tuple[float, float]:
-        with open("/proc/stat") as f:
-            v = [int(t) for t in f.readline().split()[1:]]
-        t = os.times()
-        return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK"), t.user + t.system
-
-    (b0, m0), _ = sample(), time.sleep(window_s)
-    b1, m1 = sample()
-    return max(0.0, (b1 - b0) - (m1 - m0)) / window_s
-
-
-def wait_until_quiet(max_wait_s: float) -> None:
-    """Sleep until other processes use under 0.1 CPU (at most ``max_wait_s``)."""
-    t0 = time.perf_counter()
-    while cpu_busy_elsewhere() > 0.1 and time.perf_counter() - t0 < max_wait_s:
-        pass
 
 
 @torch.inference_mode()

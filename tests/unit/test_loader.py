@@ -92,7 +92,7 @@ def test_bad_specs(tmp_path: Path) -> None:
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelLoadError):
         load_model(tmp_path / "junk.gguf")
-    with pytest.raises(ConfigError, match="dtype must be one of bf16, fp32"):
+    with pytest.raises(ConfigError, match="dtype must be one of fp32, bf16, int8, int4"):
         load_model(tmp_path, dtype="fp16")  # type: ignore[arg-type]
 
 

@@ -10,7 +10,8 @@ Speculation is worth deploying at a level when all three hold:
    accepted / drafted is not alpha, see :mod:`verispec.analysis`, so alpha is compared.) When
    ``c > 1`` no acceptance pays for the draft.
 2. no throughput regression beyond noise: the speculative/baseline output-token throughput ratio
-   fails only when its whole confidence interval lies below 1.
+   fails when its whole confidence interval lies below 1; a ratio below 1 whose interval still
+   reaches 1 shows no gain, which cannot justify a GO (INCONCLUSIVE).
 3. quality within noise: HumanEval pass@1 fails only when the interval of the paired difference lies
    wholly below 0; perplexity fails only when the interval of the mean NLL delta lies wholly above 0
    AND the perplexity ratio exceeds the practical margin (numerics may shift it by a hair, reliably).
@@ -115,8 +116,8 @@ def throughput_criterion(m: LevelMeasurement) -> Criterion:
     ci = f"{100 * r.confidence:.0f}% CI {r.low:.2f}-{r.high:.2f}"
     if r.high < 1.0:
         return Criterion(name, "fail", f"throughput regression beyond noise: {r.value:.2f}x baseline ({ci})")
-    if r.value < 1.0:
-        return Criterion(name, "pass", f"throughput {r.value:.2f}x baseline, within noise ({ci})")
+    if r.value < 1.0:  # neither a regression nor a gain: nothing says that speculation pays here
+        return Criterion(name, "unknown", f"no measured gain: throughput {r.value:.2f}x baseline, within noise ({ci})")
     return Criterion(name, "pass", f"throughput {r.value:.2f}x baseline ({ci})")
 
 
