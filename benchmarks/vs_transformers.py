@@ -82,7 +82,6 @@ def main() -> None:
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure as JSON")
     args = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     k = None if args.k == "auto" else int(args.k)
 
     spec = build(DEFAULT_TARGET, DEFAULT_DRAFT, drafter="model", k=k, dtype=args.dtype,

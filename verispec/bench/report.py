@@ -274,7 +274,20 @@ vertical-align:top;text-align:left}th{background:#f2f2f2}img{max-width:100%;marg
 small{color:#666}.box{background:#f7f7f7;padding:.6em 1em;border-left:4px solid #888}"""
 
 
-def render_html(result: dict[str, Any]) -> str:
+def render_plots(result: dict[str, Any]) -> dict[str, str | None]:
+    """The report's plots as base64 PNGs (None where there is nothing to plot), rendered once for
+    both the HTML report and the summary picture."""
+    levels = result["levels"]
+    return {
+        "speedup": plot_speedup(levels),
+        "acceptance": plot_acceptance(levels),
+        "predicted": plot_predicted(levels),
+        "distributions": plot_distributions(result),
+    }
+
+
+def render_html(result: dict[str, Any], plots: dict[str, str | None] | None = None) -> str:
+    plots = plots if plots is not None else render_plots(result)
     levels = result["levels"]
     pair = result.get("pair") or {}
     machine = result["machine"]
@@ -292,14 +305,14 @@ def render_html(result: dict[str, Any]) -> str:
     body = [
         "<h2>Verdict per load level</h2>",
         _table(["level", "verdict", "criteria", "notes"], _verdict_rows(levels)),
-        "<h2>Speedup and latency</h2>", _img(plot_speedup(levels), "speedup and ITL vs load"),
+        "<h2>Speedup and latency</h2>", _img(plots["speedup"], "speedup and ITL vs load"),
         _table(["level", "config", "ok", "tok/s", "req/s", "TTFT p50/p95 ms", "ITL p50/p95 ms", "TPOT p50/p95 ms",
                 "e2e p50/p95 ms", "RSS peak MiB"], _level_rows(levels)),
         "<h2>Acceptance and the speedup model</h2>",
         _table(["level", "AR", "AL", "alpha", "K", "c", "a_min", "c_break", "S(alpha,K,c)", "throughput ratio (CI)",
                 "TPOT ratio"], _spec_rows(levels)),
-        _img(plot_acceptance(levels), "acceptance per position"), _img(plot_predicted(levels), "predicted vs measured"),
-        "<h2>Latency distributions</h2>", _img(plot_distributions(result), "latency distributions"),
+        _img(plots["acceptance"], "acceptance per position"), _img(plots["predicted"], "predicted vs measured"),
+        "<h2>Latency distributions</h2>", _img(plots["distributions"], "latency distributions"),
         "<h2>Quality</h2>", _quality_html(result["quality"]),
         "<h2>Memory</h2>", _memory_html(result["memory"]),
         "<h2>Method</h2><p>Each configuration ran every prompt once per repeat at each level, in alternating order. "
@@ -313,24 +326,22 @@ def render_html(result: dict[str, Any]) -> str:
             f"<style>{CSS}</style></head><body>{''.join(head + body)}</body></html>")  # fmt: skip
 
 
-def render_summary_png(result: dict[str, Any]) -> bytes:
+def render_summary_png(result: dict[str, Any], plots: dict[str, str | None] | None = None) -> bytes:
     """One picture of the report: the verdict per level over its plots (speedup and ITL vs load,
     acceptance per position, predicted vs measured speedup, latency distributions), as PNG bytes."""
-    import matplotlib.image as mpimg
+    import matplotlib
 
-    levels = result["levels"]
-    panels = [plot_speedup(levels), plot_acceptance(levels), plot_predicted(levels), plot_distributions(result)]
-    images = [mpimg.imread(io.BytesIO(base64.b64decode(p)), format="png") for p in panels if p is not None]
-    verdicts = [(lv["label"], lv["verdict"]["verdict"]) for lv in levels]
-    rows = len(images)
-    fig, axes = _figure(1, rows + 1, width=11.0, height=0.0)
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+
+    plots = plots if plots is not None else render_plots(result)
+    images = [mpimg.imread(io.BytesIO(base64.b64decode(p)), format="png") for p in plots.values() if p is not None]
+    verdicts = [(lv["label"], lv["verdict"]["verdict"]) for lv in result["levels"]]
     widest = max((im.shape[1] for im in images), default=1)  # each panel keeps its native scale
     heights = [0.45 + 0.28 * len(verdicts)] + [11.0 * im.shape[0] / widest for im in images]
-    fig.set_size_inches(11.0, sum(heights))
-    fig.subplots_adjust(left=0, right=1, top=1, bottom=0, hspace=0.02)
-    grid = fig.add_gridspec(rows + 1, 1, height_ratios=heights, hspace=0.02)
-    for ax in axes.flat:
-        ax.remove()
+    fig = plt.figure(figsize=(11.0, sum(heights)))
+    grid = fig.add_gridspec(len(heights), 1, height_ratios=heights, hspace=0.02, left=0, right=1, top=1, bottom=0)
     head = fig.add_subplot(grid[0])
     head.axis("off")
     pair = result.get("pair") or {}
@@ -348,8 +359,6 @@ def render_summary_png(result: dict[str, Any]) -> bytes:
         ax.axis("off")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    import matplotlib.pyplot as plt
-
     plt.close(fig)
     return buf.getvalue()
 
@@ -361,12 +370,13 @@ def write_report(
     if json_path is not None:
         with atomic_path(json_path) as tmp:
             tmp.write_text(json.dumps(finite(result), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    plots = render_plots(result) if html_path is not None or png_path is not None else None
     if html_path is not None:
-        text = render_html(result)
+        text = render_html(result, plots)
         with atomic_path(html_path) as tmp:
             tmp.write_text(text, encoding="utf-8")
     if png_path is not None:
-        picture = render_summary_png(result)
+        picture = render_summary_png(result, plots)
         with atomic_path(png_path) as tmp:
             tmp.write_bytes(picture)
 

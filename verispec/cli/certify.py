@@ -55,6 +55,13 @@ def _k_value(text: str) -> int | None:
     return None if text.strip().lower() == "auto" else int(text)
 
 
+def _verdict_cell(passed: bool, as_expected: bool) -> str:
+    """The verdict column: green when the test saw what it should (a pass, or a broken rule caught)."""
+    if as_expected:
+        return "[green]pass[/]" if passed else "[green]FAIL (caught)[/]"
+    return "[bold red]FAIL[/]" if not passed else "[bold red]pass (NOT caught)[/]"
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "certify",
@@ -157,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from verispec.certify import CertificationResult, ToySetup, grid, negative_controls, run_cases
+    from verispec.certify import ToySetup, grid, negative_controls, run_cases
 
     if args.samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {args.samples}")
@@ -211,18 +218,13 @@ def run(args: argparse.Namespace) -> int:
     for col in ("rule / drafter", "K", "n", "sampling", "claim", "p-value", "TV", "AR", "AL", "verdict"):
         table.add_column(col, justify="left" if col in ("rule / drafter", "sampling", "claim", "verdict") else "right")
 
-    def verdict(r: CertificationResult) -> str:
-        if r.as_expected:
-            return "[green]pass[/]" if r.passed else "[green]FAIL (caught)[/]"
-        return "[bold red]FAIL[/]" if not r.passed else "[bold red]pass (NOT caught)[/]"
-
     for r in results:
         c = r.case
         claim = "lossless" if c.claims_lossless else "[yellow]lossy/broken[/]"
         table.add_row(
             f"{c.rule} / {c.drafter}", str(c.k), str(c.prefix_len), c.sampling_label(), claim,
             f"{r.gof.p_value:.3g}", f"{r.gof.tv_distance:.4f}", f"{r.acceptance_rate:.3f}",
-            f"{r.mean_acceptance_length:.2f}", verdict(r),
+            f"{r.mean_acceptance_length:.2f}", _verdict_cell(r.passed, r.as_expected),
         )  # fmt: skip
     out.print(table)
     n_lossless = sum(r.case.claims_lossless for r in results)
@@ -311,10 +313,7 @@ def run_engine(args: argparse.Namespace) -> int:
     for col in ("case", "claim", "p-value", "TV", "AR", "verdict"):
         table.add_column(col, justify="left" if col in ("case", "claim", "verdict") else "right")
     for r in rows:
-        if r["as_expected"]:
-            verdict = "[green]pass[/]" if r["passed"] else "[green]FAIL (caught)[/]"
-        else:
-            verdict = "[bold red]FAIL[/]" if not r["passed"] else "[bold red]pass (NOT caught)[/]"
+        verdict = _verdict_cell(r["passed"], r["as_expected"])
         claim = "lossless" if r["claims_lossless"] else "[yellow]lossy/broken[/]"
         table.add_row(r["case"], claim, f"{r['p_value']:.3g}", f"{r['tv_distance']:.4f}",
                       f"{r['acceptance_rate']:.3f}", verdict)  # fmt: skip

@@ -45,6 +45,9 @@ class Drafter(Protocol):
     # Capabilities the engine reads instead of checking types.
     needs_hidden_states: ClassVar[bool]
     point_mass: ClassVar[bool]  # True: Draft.probs is None (no law reported)
+    # Context tokens the last propose() had to feed before drafting (a prompt, or tokens committed
+    # while speculation was off); the policy does not take such a step's time as the draft cost.
+    last_catchup_tokens: int
 
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None: ...
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft: ...

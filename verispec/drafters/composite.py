@@ -23,15 +23,11 @@ class CompositeDrafter:
     name: ClassVar[str] = "composite"
     needs_hidden_states: ClassVar[bool] = False
     point_mass: ClassVar[bool] = False
+    last_catchup_tokens: int = 0  # the model drafter's, for the rows it drafted (0 when n-grams drafted all)
 
     def __init__(self, ngram: NgramDrafter, model: ModelDrafter) -> None:
         self.ngram = ngram
         self.model = model
-
-    @property
-    def last_catchup_tokens(self) -> int:
-        """The model drafter's context catch-up in the last proposal (0 when only n-grams drafted)."""
-        return self.model.last_catchup_tokens
 
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
         self.ngram.begin(request_id, prompt_ids)
@@ -49,6 +45,7 @@ class CompositeDrafter:
         lookups = [self.ngram.lookup(rid, k) for rid, k in zip(batch.request_ids, max_tokens, strict=True)]
         model_k = [0 if found else k for found, k in zip(lookups, max_tokens, strict=True)]
         model_draft = self.model.propose(batch, model_k)
+        self.last_catchup_tokens = self.model.last_catchup_tokens
         n, k_max = len(batch), max(max_tokens, default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)
         laws = torch.zeros((n, k_max, self.model.vocab_size), dtype=torch.float32, device=model_draft.token_ids.device)

@@ -167,8 +167,7 @@ class ModelDrafter:
             logits[:, self.vocab_limit :] = float("-inf")
         return logits
 
-    #: Widest context catch-up of the last :meth:`propose` (see there).
-    last_catchup_tokens: int = 0
+    last_catchup_tokens: int = 0  # widest context catch-up of the last propose() (see there)
 
     @torch.inference_mode()
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:

@@ -64,6 +64,7 @@ class NgramDrafter:
     name: ClassVar[str] = "ngram"
     needs_hidden_states: ClassVar[bool] = False
     point_mass: ClassVar[bool] = True
+    last_catchup_tokens: int = 0  # a lookup has no model state to catch up
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:

@@ -291,7 +291,7 @@ class Engine:
         self.steps.append(StepRecord(len(batch), draft.max_tokens, counts, accepted, drafted - start, done - drafted))
         # A draft pass that first caught up on a prompt, or on tokens committed while speculation was
         # off, is no sample of what drafting costs per token (the policy would switch itself off).
-        catchup = getattr(self.drafter, "last_catchup_tokens", 0) if any(counts) else 0
+        catchup = self.drafter.last_catchup_tokens if self.drafter is not None and any(counts) else 0
         clean = drafted - start if catchup <= STEADY_CATCHUP else None
         self.policy.observe(batch, counts, accepted, clean, done - drafted)
 
