@@ -188,7 +188,8 @@ def run_role(role: str, args: argparse.Namespace, bandwidth: float, prompts_text
             "limit_ms": nbytes / bandwidth / 1e6,
             "load_s": loaded.load_seconds,
             "kinds": {
-                k: sum(lin.kind == k for lin in loaded.model.linears().values()) for k in ("dense", "q4k", "int8")
+                k: sum(lin.kind == k for lin in loaded.model.linears().values())
+                for k in ("dense", "bf16", "q4k", "int8")
             },
         }
     for precision in args.precisions:

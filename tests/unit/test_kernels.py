@@ -266,3 +266,72 @@ def test_no_rows_give_no_rows() -> None:
         for shape in ((0, 256), (2, 0, 256)):
             y = lin(torch.randn(*shape, dtype=torch.bfloat16))
             assert y.shape == (*shape[:-1], 16) and y.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------ bf16
+
+
+@pytest.mark.parametrize(("n", "k"), [(40, 64), (37, 96), (16, 1536)])
+def test_bf16_packing_is_lossless(n: int, k: int) -> None:
+    from verispec.kernels import Bf16Linear
+
+    w = torch.randn(n, k).to(torch.bfloat16)
+    lin = Bf16Linear.from_weight(w)
+    assert torch.equal(lin.unpack(), w) and torch.equal(lin.dequantize(), w.float())
+    assert lin.bf16.numel() == -(-n // 16) * 16 * k
+    assert lin.weight_bytes() == lin.bf16.numel() * 2
+
+
+@pytest.mark.parametrize("m", (1, 2, 5, 9, 16, 17, 40))
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_is_the_amx_arithmetic(m: int, bias: bool) -> None:
+    """Bit for bit the plain-torch reference of TDPBF16PS's summation order (per 32 inputs, even
+    and odd products summed apart, then added), with activations whose outliers make the order
+    matter, and a last 16-row block that is partial."""
+    from verispec.kernels import Bf16Linear, reference_bf16_linear
+
+    n, k = 50, 160
+    gen = torch.Generator().manual_seed(m)
+    w = (0.05 * torch.randn(n, k, generator=gen)).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=gen) * torch.where(torch.rand(m, k, generator=gen) < 0.1, 30.0, 1.0)
+    x = x.to(torch.bfloat16)
+    b = torch.randn(n, generator=gen) if bias else None
+    lin = Bf16Linear.from_weight(w, b)
+    ref = reference_bf16_linear(x, w, b)  # [m, n] fp32
+    assert torch.equal(load_fp32(lin, x), ref)
+    y = lin(x)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, ref.to(torch.bfloat16))
+    # and it is the product itself, up to fp32 rounding of the sums
+    exact = x.double() @ w.double().T + (0 if b is None else b.double())
+    assert ((ref.double() - exact).abs() <= 1e-5 * (x.double().abs() @ w.double().abs().T) + 1e-6).all()
+
+
+def load_fp32(lin: object, x: torch.Tensor) -> torch.Tensor:
+    """The bf16 kernel's fp32 result before the final rounding."""
+    from verispec.kernels import load
+
+    return load().bf16_linear(x, lin.bf16, lin.out_features, lin.in_features, lin.bias, True)  # type: ignore[attr-defined]
+
+
+def test_bf16_rows_do_not_depend_on_the_other_rows() -> None:
+    from verispec.kernels import Bf16Linear
+
+    n, k = 72, 256
+    gen = torch.Generator().manual_seed(5)
+    lin = Bf16Linear.from_weight(torch.randn(n, k, generator=gen).to(torch.bfloat16), torch.randn(n, generator=gen))
+    for m in ROWS:
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        assert torch.equal(lin(x), torch.cat([lin(x[i : i + 1]) for i in range(m)])), m
+    assert lin(torch.randn(0, k, dtype=torch.bfloat16)).shape == (0, n)
+
+
+def test_bf16_shapes_are_checked() -> None:
+    from verispec.kernels import Bf16Linear
+
+    with pytest.raises(ValueError, match="% 32"):
+        Bf16Linear.from_weight(torch.randn(16, 40))
+    with pytest.raises(ValueError, match="bf16 values"):
+        Bf16Linear(torch.zeros(10, dtype=torch.bfloat16), 16, 64)
+    lin = Bf16Linear.from_weight(torch.randn(16, 64))
+    with pytest.raises(RuntimeError, match=r"\[M, 64\]"):
+        lin(torch.randn(2, 32, dtype=torch.bfloat16))

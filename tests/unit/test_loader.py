@@ -19,7 +19,7 @@ from verispec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from verispec.models import registry
 from verispec.models.convert import save_tokenizer
 from verispec.models.gguf import load_gguf
-from verispec.models.loader import LoadedModel, load_model, load_pair
+from verispec.models.loader import LoadedModel, bf16_kernel_usable, load_model, load_pair
 from verispec.models.tokenizer import Tokenizer
 from verispec.models.transformer import Transformer
 
@@ -44,6 +44,12 @@ def test_prepared_bf16_loads_the_safetensors_exactly(fake: FakeModel) -> None:
     assert loaded.config == config
     assert loaded.logits_width == config.vocab_size and loaded.vocab_size == config.vocab_size - 1
     reference = Transformer(config, state, dtype=torch.bfloat16)
+    for name, linear in loaded.model.linears().items():  # the same weights, packed for the kernel or not
+        expected = reference.lm_weight.float() if name == "lm_head" else reference.get_submodule(name).dequantize()
+        assert torch.equal(linear.dequantize(), expected), name
+    if bf16_kernel_usable():  # then the loader moved the model onto the kernels
+        assert loaded.model.row_attention and {m.kind for m in loaded.model.linears().values()} == {"bf16"}
+        reference.use_cpu_kernels()
     for name, tensor in reference.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], tensor), name
     ids = loaded.tokenizer.encode("the def 1 in")

@@ -7,12 +7,14 @@ LM head) is one of:
   CPU fast path of :func:`dense_linear` for the few-row passes of decoding and verification;
 - :class:`verispec.kernels.Q4KLinear`: GGUF Q4_K blocks used exactly (the "int4" precision);
 - :class:`verispec.kernels.Int8Linear`: per-output-channel int8 (the "int8" precision, and the
-  tensors of an "int4" model that the GGUF does not store as Q4_K).
+  tensors of an "int4" model that the GGUF does not store as Q4_K);
+- :class:`verispec.kernels.Bf16Linear`: bf16 weights repacked for the AMX kernel (the "bf16"
+  precision on CPUs that have it: :meth:`Transformer.pack_bf16 <verispec.models.transformer.Transformer.pack_bf16>`).
 
 They share the :class:`Linear` protocol, so the transformer never branches on the kind. In a state
 dict a projection ``P`` is ``P.weight`` (+ ``P.bias``) when dense, ``P.q4k`` (+ ``P.bias``) for
-Q4_K, ``P.int8`` + ``P.int8_scale`` (+ ``P.bias``) for int8: :func:`packed_linear` builds the
-module the keys describe.
+Q4_K, ``P.int8`` + ``P.int8_scale`` (+ ``P.bias``) for int8, ``P.bf16`` (+ ``P.bias``) for the bf16
+kernel: :func:`packed_linear` builds the module the keys describe.
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ from torch import Tensor, nn
 # Up to this many rows, CPU matmuls run as ``weight @ x.T`` (see dense_linear).
 SKINNY_ROWS = 64
 #: State-dict suffixes of packed projections, and the kind each one marks.
-PACKED_SUFFIXES = {"q4k": "q4k", "int8": "int8", "int8_scale": "int8"}
+PACKED_SUFFIXES = {"q4k": "q4k", "int8": "int8", "int8_scale": "int8", "bf16": "bf16"}
 
 
 @runtime_checkable
 class Linear(Protocol):
     """What the transformer needs of a projection: ``y = x @ W.T + b``."""
 
-    kind: ClassVar[str]  # "dense", "q4k", "int8"
+    kind: ClassVar[str]  # "dense", "q4k", "int8", "bf16"
     in_features: int
     out_features: int
 
@@ -104,7 +106,7 @@ def packed_prefixes(state_dict: Mapping[str, Tensor]) -> dict[str, str]:
 def packed_linear(prefix: str, kind: str, state_dict: Mapping[str, Tensor], out_features: int,
                   in_features: int) -> tuple[nn.Module, list[str]]:  # fmt: skip
     """The packed module the keys ``prefix.*`` of ``state_dict`` describe, and the keys it used."""
-    from verispec.kernels import Int8Linear, Q4KLinear
+    from verispec.kernels import Bf16Linear, Int8Linear, Q4KLinear
 
     bias = state_dict.get(prefix + ".bias")
     used = [prefix + ".bias"] if bias is not None else []
@@ -112,6 +114,9 @@ def packed_linear(prefix: str, kind: str, state_dict: Mapping[str, Tensor], out_
     if kind == "q4k":
         module = Q4KLinear(state_dict[prefix + ".q4k"], out_features, in_features, bias)
         used.append(prefix + ".q4k")
+    elif kind == "bf16":
+        module = Bf16Linear(state_dict[prefix + ".bf16"], out_features, in_features, bias)
+        used.append(prefix + ".bf16")
     else:
         module = Int8Linear(state_dict[prefix + ".int8"], state_dict[prefix + ".int8_scale"], out_features,
                             in_features, bias)  # fmt: skip

@@ -19,6 +19,11 @@
 
 Precisions (``dtype``): "fp32" (the exact reference), "bf16", and the weight-only quantised "int8"
 and "int4" (bf16 activations; CPU with AVX-512 BF16 and AMX only, else :class:`ConfigError`).
+On a CPU with those instructions a bf16 model's projections are repacked at load time for the
+AMX kernel (about a second per GB; :func:`bf16_kernel_usable`), and bf16 / int8 / int4 models
+attend through the row-by-row kernel (:meth:`Transformer.use_cpu_kernels`: batch-invariant, so
+greedy speculation equals greedy plain decoding in these precisions too); elsewhere bf16 runs on
+torch's kernels.
 
 A registry name wins over a folder of the same name in the current directory; write ``./NAME``
 for the folder. :func:`load_pair` loads a target and its draft and checks that their vocabularies
@@ -125,6 +130,26 @@ def check_precision(dtype: str, device: str) -> None:
         from verispec.kernels import load
 
         load()
+
+
+#: Set to "0" to keep bf16 CPU projections on torch's matmul instead of the AMX kernel.
+BF16_KERNEL_ENV = "VERISPEC_BF16_KERNEL"
+
+
+def bf16_kernel_usable() -> bool:
+    """Whether bf16 CPU projections go through :class:`verispec.kernels.Bf16Linear` here: the CPU
+    has AVX-512 BF16 and AMX, the kernels build, and ``$VERISPEC_BF16_KERNEL`` is not "0".
+    Otherwise bf16 runs on torch's matmul (any CPU), with a warning when the kernels failed."""
+    from verispec import kernels
+
+    if os.environ.get(BF16_KERNEL_ENV, "1") == "0" or not kernels.cpu_supported():
+        return False
+    try:
+        kernels.load()
+    except ConfigError as exc:
+        logger.warning("bf16 runs on torch's matmul: %s", exc)
+        return False
+    return True
 
 
 def _stage(progress: ProgressFn | None) -> Callable[[str, int, int], None] | None:
@@ -265,6 +290,8 @@ def load_model(
             f"folder; see `verispec models list`"
         )
     config, model, tokenizer, source, vocab_size = loaded
+    if device == "cpu" and (dtype in QUANTIZED or (dtype == "bf16" and bf16_kernel_usable())):
+        model.use_cpu_kernels()
     if vocab_size > config.vocab_size:
         raise ModelLoadError(
             f"{source}: the tokenizer defines {vocab_size} ids but the model has only {config.vocab_size} "

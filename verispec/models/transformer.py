@@ -10,7 +10,8 @@ embedding or not). The parts:
 - Grouped-query attention (Ainslie et al. 2023): ``H`` query heads share ``H_kv`` key/value heads.
   The ``G = H / H_kv`` query heads of a group are stacked along the query axis, so attention reads
   the cached keys once per group and never copies them (``scaled_dot_product_attention`` over
-  ``[B, H_kv, G*T, D]`` queries with an explicit boolean mask).
+  ``[B, H_kv, G*T, D]`` queries with an explicit mask); bf16 CPU models with verispec's kernels
+  attend one query row at a time instead (:meth:`Transformer.use_cpu_kernels`: batch-invariant).
 - SwiGLU MLP (Shazeer 2020): ``down(silu(gate(x)) * up(x))``; optional q/k/v biases (Qwen2).
 
 **One forward serves every step of speculative decoding** (Leviathan et al. 2023; Chen et al. 2023):
@@ -82,7 +83,7 @@ class Attention(nn.Module):
         cache: KVCache,
         layer: int,
         plan: StepPlan,
-        mask: Tensor,  # [B, 1, G*T, span] additive: 0 = may attend, -inf = may not
+        mask: Tensor,  # [B, 1, G*T, span] additive (0 = may attend, -inf = may not), or [B, T, span] bool
     ) -> Tensor:  # [B, T, C]
         b, t, _ = x.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -94,6 +95,11 @@ class Attention(nn.Module):
         cache.write(layer, plan, k, v)
         keys, values = cache.read(layer, plan)  # [B, H_kv, span, D] each
         # Query head h = kv * G + g (transformers' repeat_kv order); stack a group's heads along T.
+        if mask.dtype == torch.bool:  # [B, T, span] visibility: the row-by-row CPU kernel
+            from verispec.kernels import load
+
+            rows = load().attention_rows(q, keys, values, mask, d**-0.5)  # [B, T, H, D]
+            return self.o_proj(rows.view(b, t, h * d))  # type: ignore[no-any-return]
         qg = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
         out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)  # [B, H_kv, G*T, D]
         out = out.view(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
@@ -181,6 +187,8 @@ class Transformer(nn.Module):
         self._load(rest, dtype, torch.device(device))
         self.requires_grad_(False)
         self.rope = RotaryEmbedding(config, device, state_dict.get(ROPE_FREQS_KEY))
+        #: attention through verispec's row-by-row CPU kernel (see :meth:`use_cpu_kernels`)
+        self.row_attention = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -263,6 +271,46 @@ class Transformer(nn.Module):
             return head.weight
         assert isinstance(head, Linear)
         return head.dequantize().to(self.dtype)
+
+    def use_cpu_kernels(self) -> None:
+        """Run this bf16 / int8 / int4 CPU model on verispec's kernels (:mod:`verispec.kernels`):
+        dense bf16 projections move to the AMX kernel (:meth:`pack_bf16`), and attention runs one
+        query row at a time in a fixed order (``csrc/attention.cpp``). Every operation of a
+        forward pass then computes a token's row the same way whatever else is in the pass, so a
+        verification pass over ``K + 1`` tokens gives each of them the logits a one-token decode
+        step gives it, bit for bit, and greedy speculative output equals greedy plain output in
+        these precisions too. fp32 models keep torch's kernels (they are the reference); raises
+        :class:`~verispec.errors.ConfigError` when the kernels cannot run here."""
+        from verispec.kernels import load
+
+        if self.dtype != torch.bfloat16 or self.device.type != "cpu":
+            return
+        load()
+        self.pack_bf16()
+        self.row_attention = self.config.head_dim % 16 == 0 and self.config.head_dim <= 256
+
+    def pack_bf16(self) -> int:
+        """Move every dense bf16 CPU projection whose input size is a multiple of 32 (and the LM
+        head, tied or not) onto :class:`verispec.kernels.Bf16Linear`, the AMX kernel: the same
+        weights, read at close to memory bandwidth and batch-invariant. The tied embedding table
+        stays for the lookups (the packed head is a second copy of it). Returns the number of
+        projections moved; raises :class:`~verispec.errors.ConfigError` when the kernels cannot
+        run here (see :func:`verispec.kernels.load`)."""
+        from verispec.kernels import Bf16Linear, load
+
+        if self.dtype != torch.bfloat16 or self.device.type != "cpu":
+            return 0
+        load()
+        moved = 0
+        for name, module in list(self.named_modules()):
+            if isinstance(module, DenseLinear) and module.in_features % 32 == 0:
+                self.set_submodule(name, Bf16Linear.from_weight(module.weight, module.bias))
+                moved += 1
+        embed = self.model.embed_tokens.weight
+        if self.lm_head is None and embed.shape[1] % 32 == 0:
+            self.lm_head = Bf16Linear.from_weight(embed)
+            moved += 1
+        return moved
 
     def linears(self) -> dict[str, Linear]:
         """Every projection by name (q/k/v/o, gate/up/down of each layer, then the LM head unless
@@ -353,7 +401,9 @@ class Transformer(nn.Module):
             if plan.valid is not None:
                 tokens = torch.where(plan.valid, tokens, 0)  # padding -> any valid id
             groups = self.config.num_heads // self.config.num_kv_heads
-            mask = _attention_mask(plan, t, groups, attn_mask, self.dtype)  # [B, 1, G*T, span]
+            visible = _visibility(plan, t, attn_mask)  # [B, T, span] bool
+            # [B, T, span] bool for the row kernel, else [B, 1, G*T, span] additive for SDPA
+            mask = visible if self.row_attention else _additive_mask(visible, groups, self.dtype)
             cos, sin = self.rope.cos_sin(positions, self.dtype, plan.valid)  # [B, T, 1, D] each
             h = F.embedding(tokens, self.model.embed_tokens.weight)  # [B, T, C]
             for i, layer in enumerate(self.model.layers):
@@ -369,9 +419,8 @@ class Transformer(nn.Module):
         return ForwardOutput(logits=logits, hidden=h)
 
 
-def _attention_mask(plan: StepPlan, t: int, groups: int, within: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """``[B, 1, G*T, span]`` additive mask in ``dtype``: 0 where query ``(g, t)`` of row ``b`` may
-    attend to buffer position ``j``, -inf elsewhere.
+def _visibility(plan: StepPlan, t: int, within: Tensor | None) -> Tensor:
+    """``[B, T, span]`` bool: whether query ``t`` of row ``b`` may attend to buffer position ``j``.
 
     Real query ``t`` sees the cached prefix (``j < lengths[b]``) and the new tokens ``s`` it may see
     within the step (causal, or ``within[b, t, s]`` plus the diagonal) among the real ones
@@ -395,10 +444,15 @@ def _attention_mask(plan: StepPlan, t: int, groups: int, within: Tensor | None, 
     mask = in_prefix[:, None, :] | (in_step[:, None, :] & sees)  # [B, T, S]
     if plan.valid is not None:
         mask = torch.where(plan.valid[:, :, None], mask, (j == 0)[None, None, :])
-    b = mask.shape[0]
-    # Additive form (0 / -inf), built once per step: SDPA would otherwise convert a boolean mask
-    # in every layer.
-    bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
+    return mask
+
+
+def _additive_mask(visible: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
+    """``visible`` ``[B, T, span]`` -> ``[B, 1, G*T, span]`` additive mask in ``dtype`` (0 / -inf)
+    for SDPA over the stacked query heads of a group; built once per step, since SDPA would
+    otherwise convert a boolean mask in every layer."""
+    b, t, span = visible.shape
+    bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
     return bias[:, None, None].expand(b, 1, groups, t, span).reshape(b, 1, groups * t, span)
 
 

@@ -137,6 +137,90 @@ at::Tensor w8a8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::
   return y;
 }
 
+// ------------------------------------------------------------------------------------ bf16
+
+at::Tensor bf16_pack_weight(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.device().is_cpu(), "weight must be bf16 [N, K] on the CPU");
+  const int64_t n = w.size(0), k = w.size(1);
+  TORCH_CHECK(k % kBf16Align == 0, "bf16 rows must have a multiple of 32 inputs, got ", k);
+  const at::Tensor wc = w.contiguous();
+  at::Tensor packed = at::empty({row_blocks(n) * kRows * k}, w.options());
+  const auto* src = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
+  auto* dst = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
+  at::parallel_for(0, row_blocks(n), 16, [&](int64_t b, int64_t e) { bf16_pack(src, n, k, dst, b, e); });
+  return packed;
+}
+
+at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+                       const c10::optional<at::Tensor>& bias, bool out_fp32) {
+  TORCH_CHECK(k % kBf16Align == 0, "bf16 rows must have a multiple of 32 inputs, got ", k);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
+              "x must be bf16 [M, ", k, "] on the CPU, got ", x.sizes(), " ", x.scalar_type());
+  check_weights(packed, at::kBFloat16, row_blocks(n) * kRows * k, "packed bf16");
+  TORCH_CHECK(amx_permitted(), "AMX is not available on this CPU or kernel");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({x.size(0), n}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
+  Bf16Args a{};
+  a.w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  a.x = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  a.bias = bias_pointer(bias, n);
+  a.y = y.data_ptr();
+  a.M = x.size(0);
+  a.N = n;
+  a.K = k;
+  a.out_bf16 = !out_fp32;
+  // grain 4: a thread's range is whole groups of four row blocks (bf16.cpp's unit)
+  at::parallel_for(0, row_blocks(n), 4, [&](int64_t b, int64_t e) { bf16_linear(a, b, e); });
+  return y;
+}
+
+// ------------------------------------------------------------------------------------ attention
+
+at::Tensor attention_by_row(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& visible,
+                            double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && visible.dim() == 3,
+              "expected q [B, T, H, D], k and v [B, H_kv, span, D], visible [B, T, span]");
+  const int64_t b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3);
+  const int64_t hkv = k.size(1), span = k.size(2);
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
+                  (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat),
+              "q, k and v must all be bf16 or all fp32");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() && visible.device().is_cpu(),
+              "attention_rows runs on the CPU");
+  TORCH_CHECK(d % 16 == 0 && d <= 256, "head size must be a multiple of 16 up to 256, got ", d);
+  TORCH_CHECK(hkv >= 1 && h % hkv == 0, "query heads (", h, ") must be a multiple of key/value heads (", hkv, ")");
+  TORCH_CHECK(k.size(0) == b && v.size(0) == b && v.size(1) == hkv && v.size(2) == span && k.size(3) == d &&
+                  v.size(3) == d,
+              "k and v must be [", b, ", H_kv, span, ", d, "]");
+  TORCH_CHECK(k.stride(3) == 1 && k.stride(2) == d && v.stride(3) == 1 && v.stride(2) == d,
+              "k and v must have contiguous rows of D values");
+  TORCH_CHECK(visible.scalar_type() == at::kBool && visible.size(0) == b && visible.size(1) == t &&
+                  visible.size(2) == span,
+              "visible must be [B, T, span] bool");
+  const at::Tensor qc = q.contiguous(), vis = visible.contiguous();
+  at::Tensor out = at::empty_like(qc);
+  AttnArgs a{};
+  a.q = qc.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.k_sb = k.stride(0);
+  a.k_sh = k.stride(1);
+  a.v_sb = v.stride(0);
+  a.v_sh = v.stride(1);
+  a.visible = reinterpret_cast<const uint8_t*>(vis.data_ptr<bool>());
+  a.out = out.data_ptr();
+  a.B = b;
+  a.T = t;
+  a.H = h;
+  a.Hkv = hkv;
+  a.D = d;
+  a.span = span;
+  a.scale = static_cast<float>(scale);
+  a.bf16 = q.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, b * t * h, 1, [&](int64_t s, int64_t e) { attention_rows(a, s, e); });
+  return out;
+}
+
 // ------------------------------------------------------------------------------------ bandwidth
 
 // Reads every byte of t once (64-byte vector loads, all threads) and returns a checksum: the
@@ -167,7 +251,7 @@ int64_t stream_read(const at::Tensor& t) {
 }  // namespace verispec
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "verispec weight-only-quantised linear kernels (AMX); see verispec/kernels/csrc/*.cpp";
+  m.doc() = "verispec linear kernels (AVX-512, AMX); see verispec/kernels/csrc/*.cpp";
   m.def("amx_available", &verispec::amx_permitted, "whether this process may use AMX tiles");
   m.def("q4k_pack", &verispec::q4k_pack_blocks, "GGUF Q4_K blocks [N, K/256*144] uint8 -> packed records");
   m.def("q4k_dequantize", &verispec::q4k_dequantize_packed, "packed Q4_K -> the exact fp32 weights [N, K]");
@@ -182,5 +266,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "by the number of rows, 1 = VNNI, 2 = AMX (the same result)",
         py::arg("x"), py::arg("packed"), py::arg("scale"), py::arg("n"), py::arg("k"), py::arg("bias"),
         py::arg("engine") = 0);
+  m.def("bf16_pack", &verispec::bf16_pack_weight, "bf16 weight [N, K] -> packed AMX pair layout (N rounded up to 16)");
+  m.def("bf16_linear", &verispec::bf16_matmul,
+        "x [M, K] bf16 times unpack(packed).T on AMX (fp32 sums), + bias -> [M, N] bf16 (fp32 when out_fp32)",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("out_fp32") = false);
+  m.def("attention_rows", &verispec::attention_by_row,
+        "q [B, T, H, D], k/v [B, H_kv, span, D], visible [B, T, span] bool, scale -> [B, T, H, D]: softmax "
+        "attention one query row at a time in a fixed order (batch-invariant)");
   m.def("stream_read", &verispec::stream_read, "read every byte of a tensor once (bandwidth probe)");
 }

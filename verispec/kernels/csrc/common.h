@@ -1,5 +1,6 @@
-// Shared pieces of verispec's quantised linear kernels (w8a8.cpp: int8 weights, q4k.cpp: GGUF
-// Q4_K weights; both times activations quantised to int8): the AMX tile plumbing, the argument
+// Shared pieces of verispec's linear kernels (w8a8.cpp: int8 weights, q4k.cpp: GGUF Q4_K weights,
+// both times activations quantised to int8; bf16.cpp: bf16 weights times bf16 activations;
+// attention.cpp: batch-invariant attention): the AMX tile plumbing, the argument
 // block the kernels take, and the entry points that bindings.cpp calls. No torch header here: the
 // kernels see raw pointers only, so they compile in seconds and read as plain C++.
 //
@@ -82,5 +83,32 @@ void q4k_pack(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* packed, int6
 void q4k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, int64_t end);
 bool q4k_uses_amx(int64_t m, int engine);
 void q4k_linear(const W8A8Args& a, int64_t begin, int64_t end, int engine);
+
+// ---- attention one query row at a time (attention.cpp)
+struct AttnArgs {
+  const void* q;        // [B, T, H, D] contiguous
+  const void* k;        // keys of row b, kv head h, position j at b * k_sb + h * k_sh + j * D
+  const void* v;        // values, likewise with v_sb, v_sh
+  int64_t k_sb, k_sh, v_sb, v_sh;
+  const uint8_t* visible;  // [B, T, span]: 1 where the query of (b, t) may see position j
+  void* out;            // [B, T, H, D] contiguous, q's dtype
+  int64_t B, T, H, Hkv, D, span;
+  float scale;
+  bool bf16;            // q, k, v and out are bf16 (else fp32)
+};
+void attention_rows(const AttnArgs& a, int64_t begin, int64_t end);  // rows (b * T + t) * H + h
+
+// ---- bf16 weights (bf16.cpp)
+struct Bf16Args {
+  const uint16_t* w;  // packed bf16 weights (bf16.cpp's layout)
+  const uint16_t* x;  // [M, K] bf16 activations
+  const float* bias;  // [N] fp32, or null
+  void* y;            // [M, N] fp32 or bf16
+  int64_t M, N, K;
+  bool out_bf16;
+};
+constexpr int kBf16Align = 32;  // K must be a multiple of this (one AMX step)
+void bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed, int64_t begin, int64_t end);
+void bf16_linear(const Bf16Args& a, int64_t begin, int64_t end);
 
 }  // namespace verispec

@@ -1,0 +1,101 @@
+"""Batch invariance on verispec's CPU kernels: in bf16 and int8, a verification pass over K + 1
+tokens computes each token's logits exactly as the one-token decode step would, so greedy
+speculative output equals greedy plain output token for token (not only in fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels import require_kernels
+from verispec.config import EngineConfig, SamplingParams
+from verispec.drafters.registry import make_drafter
+from verispec.engine import Engine
+from verispec.models import quantized
+from verispec.models.config import ModelConfig
+from verispec.models.transformer import Transformer, random_state_dict
+
+VOCAB = 96
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9], [5] * 12, [10, 20, 30, 40, 10, 20, 30]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels() -> object:
+    return require_kernels()
+
+
+def config() -> ModelConfig:
+    """Small, but with the shapes the kernels take: head size 32, inputs multiples of 32."""
+    return ModelConfig(
+        architecture="qwen2", vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-6, max_position=512,
+        tie_word_embeddings=True, attention_bias=True, eos_token_id=None, name="tiny-wide",
+    )  # fmt: skip
+
+
+def model(precision: str, seed: int = 0, noise: float = 0.0, kernels: bool = True) -> Transformer:
+    """A random model in "bf16" or "int8" (``noise``: a perturbed copy, for a draft)."""
+    sd = random_state_dict(config(), seed=0, std=0.08)
+    if noise:
+        gen = torch.Generator().manual_seed(seed)
+        sd = {
+            k: v + noise * v.std() * torch.randn(v.shape, generator=gen) if v.numel() > 1 else v for k, v in sd.items()
+        }
+    if precision == "int8":
+        packed = quantized.pack(quantized.WeightSource(state_dict=sd), config(), "int8")
+        sd = quantized.merge(sd, packed)
+    m = Transformer(config(), sd, dtype=torch.bfloat16)
+    if kernels:
+        m.use_cpu_kernels()
+    return m
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_a_verification_pass_equals_its_decode_steps(precision: str) -> None:
+    m = model(precision)
+    assert m.row_attention
+    prompt, block = torch.tensor([PROMPTS[0]]), torch.tensor([[11, 12, 13, 14, 15]])
+    wide = m.new_cache(1, 64)
+    m(prompt, None, wide)
+    verify = m(block, None, wide)[0]  # [5, V]
+    steps = m.new_cache(1, 64)
+    m(prompt, None, steps)
+    decode = torch.cat([m(block[:, i : i + 1], None, steps)[0] for i in range(block.shape[1])])
+    assert torch.equal(verify, decode)
+
+
+def test_rows_of_a_ragged_batch_equal_the_rows_alone() -> None:
+    m = model("bf16")
+    batch = m.new_cache(2, 64)
+    m(torch.tensor([PROMPTS[0], PROMPTS[3] + [0]]), None, batch, num_new=[8, 7])
+    new = torch.tensor([[11, 12, 13, 14], [21, 22, 0, 0]])
+    together = m(new, None, batch, num_new=[4, 2])  # [2, 4, V]
+    for row, (prompt, count) in enumerate(((PROMPTS[0], 4), (PROMPTS[3], 2))):
+        alone = m.new_cache(1, 64)
+        m(torch.tensor([prompt]), None, alone)
+        assert torch.equal(m(new[row : row + 1, :count], None, alone)[0], together[row, :count]), row
+
+
+def test_the_kernels_compute_what_torch_computes() -> None:
+    """Same model, torch's kernels (SDPA, matmul) vs verispec's: equal up to bf16 rounding."""
+    ids = torch.tensor([PROMPTS[1] + PROMPTS[0]])
+    ours, theirs = model("bf16"), model("bf16", kernels=False)
+    a = ours(ids, None, ours.new_cache(1, 64))
+    b = theirs(ids, None, theirs.new_cache(1, 64))
+    assert (a - b).abs().max() <= 0.05 * b.abs().max()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize(("drafter", "k"), [("model", 4), ("model", None), ("ngram", 4), ("composite", None)])
+def test_greedy_speculation_equals_greedy_plain(precision: str, drafter: str, k: int | None) -> None:
+    target, draft = model(precision), model("int8", seed=1, noise=0.3)
+    params = SamplingParams(temperature=0, max_tokens=24)
+
+    def run(name: str, k: int | None) -> list[list[int]]:
+        d = make_drafter(name, draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=128)
+        e = Engine(target, None, d, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=k))
+        return [o.token_ids for o in e.generate(PROMPTS, params)]
+
+    plain = run("none", 0)
+    assert run(drafter, k) == plain

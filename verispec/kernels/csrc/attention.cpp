@@ -1,0 +1,106 @@
+// Attention one query row at a time, in a fixed order of operations: the result of a row depends
+// on that row's query and the keys and values it may see, and on nothing else (not the number of
+// new tokens in the pass, not the other rows, not the span of the buffers). So the verification
+// pass of speculative decoding, which attends for K + 1 new tokens at once, computes for each of
+// them the bits a one-token decode step computes for it (Thinking Machines, "Defeating
+// Nondeterminism in LLM Inference", 2025: batch-invariant kernels) — with bf16 weights, int8
+// activations or any other lossy arithmetic, greedy speculative output then equals greedy plain
+// output token for token. torch's scaled_dot_product_attention splits and masks the keys by the
+// shape of the pass, so a query's sums round differently at T = 1 and T = K + 1.
+//
+// For a row (batch b, new token t, query head h, its key/value head h / G):
+//   s_j = scale * (q . k_j)         for the visible keys j in increasing order; the dot product
+//                                   is D/16 vector FMAs in order, then a fixed lane reduction
+//   m = max_j s_j,  p_j = exp(s_j - m)   (exp: the polynomial below, the same for every row)
+//   l = sum_j p_j                   (16 lanes in parallel over j, then the fixed lane reduction)
+//   o = (sum_j p_j v_j) / l         (fp32 vector FMAs in order of j), rounded to the output dtype
+// All in fp32 from bf16 (or fp32) inputs.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common.h"
+
+namespace verispec {
+namespace {
+
+inline __m512 load_row16(const void* base, bool bf16, int64_t offset) {
+  if (bf16) {
+    const auto* src = static_cast<const uint16_t*>(base) + offset;
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+  }
+  return _mm512_loadu_ps(static_cast<const float*>(base) + offset);
+}
+
+// exp(x) for x <= 0 (fp32, about 2 ulp): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its
+// degree-6 Taylor polynomial in Horner form, times 2^n. Below -87.3 the result is 0.
+inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 in two parts (Cody-Waite)
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), _mm512_scalef_ps(p, n));
+}
+
+constexpr int kMaxHeadDim = 256;
+
+void attention_row(const AttnArgs& a, int64_t row, std::vector<float>& score, std::vector<int32_t>& index) {
+  const int64_t h = row % a.H, bt = row / a.H, b = bt / a.T;
+  const int64_t kvh = h / (a.H / a.Hkv);
+  const int vd = static_cast<int>(a.D / 16);
+  __m512 q[kMaxHeadDim / 16];
+  for (int i = 0; i < vd; ++i) q[i] = load_row16(a.q, a.bf16, row * a.D + 16 * i);
+  const int64_t k0 = b * a.k_sb + kvh * a.k_sh, v0 = b * a.v_sb + kvh * a.v_sh;
+  const uint8_t* vis = a.visible + bt * a.span;
+  int64_t n = 0;
+  float m = -INFINITY;
+  for (int64_t j = 0; j < a.span; ++j) {
+    if (!vis[j]) continue;
+    __m512 acc = _mm512_mul_ps(q[0], load_row16(a.k, a.bf16, k0 + j * a.D));
+    for (int i = 1; i < vd; ++i) acc = _mm512_fmadd_ps(q[i], load_row16(a.k, a.bf16, k0 + j * a.D + 16 * i), acc);
+    const float s = _mm512_reduce_add_ps(acc) * a.scale;
+    score[n] = s;
+    index[n] = static_cast<int32_t>(j);
+    m = std::max(m, s);
+    ++n;
+  }
+  __m512 o[kMaxHeadDim / 16];
+  for (int i = 0; i < vd; ++i) o[i] = _mm512_setzero_ps();
+  __m512 lsum = _mm512_setzero_ps();
+  const __m512 mv = _mm512_set1_ps(m);
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int cnt = static_cast<int>(std::min<int64_t>(16, n - j0));
+    const __mmask16 mask = cnt >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1);
+    const __m512 p = _mm512_maskz_mov_ps(mask, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, &score[j0]), mv)));
+    lsum = _mm512_add_ps(lsum, p);
+    alignas(64) float pj[16];
+    _mm512_store_ps(pj, p);
+    for (int u = 0; u < cnt; ++u) {
+      const __m512 w = _mm512_set1_ps(pj[u]);
+      const int64_t vrow = v0 + static_cast<int64_t>(index[j0 + u]) * a.D;
+      for (int i = 0; i < vd; ++i) o[i] = _mm512_fmadd_ps(w, load_row16(a.v, a.bf16, vrow + 16 * i), o[i]);
+    }
+  }
+  const __m512 l = _mm512_set1_ps(n ? _mm512_reduce_add_ps(lsum) : 1.0f);
+  for (int i = 0; i < vd; ++i) store_columns(a.out, a.bf16, row * a.D + 16 * i, _mm512_div_ps(o[i], l), 16);
+}
+
+}  // namespace
+
+void attention_rows(const AttnArgs& a, int64_t begin, int64_t end) {
+  std::vector<float> score(a.span);
+  std::vector<int32_t> index(a.span);
+  for (int64_t row = begin; row < end; ++row) attention_row(a, row, score, index);
+}
+
+}  // namespace verispec

@@ -1,0 +1,167 @@
+// bf16 weights times bf16 activations on AMX (TDPBF16PS), fp32 sums: the "bf16" precision's
+// projections for few-row passes (decoding, verification) at close to memory bandwidth.
+//
+//   y[m][n] = C[m][n] + bias[n]   (fp32, then rounded to nearest even to bf16 when y is bf16)
+//
+// where C is what TDPBF16PS accumulates over the input steps s = 0, 1, ... (32 inputs each) in
+// order, starting from 0. Measured on Sapphire Rapids (and checked bit for bit by the tests
+// against a reference in Python): one step adds to C the sum of its even-indexed products and
+// the sum of its odd-indexed products, each a sequential fp32 sum from zero over the 16 pairs of
+// the step (every bf16 x bf16 product is exact in fp32), as C + (even + odd); inputs and results
+// that are denormal count as zero. Each row of a tile is computed from that row's data alone,
+// so row i of an M-row call equals the one-row call on row i bit for bit (batch invariance): a
+// verification pass computes the same logits rows as the decode steps it stands for.
+//
+// Why a kernel: at one to sixteen rows a projection is a matrix-vector product whose cost is
+// reading the weights. torch's bf16 path reads them at ~15 GB/s on two cores here (about 2/3 of
+// what the memory gives); one AMX multiply covers 32 inputs x 16 outputs x up to 16 rows per
+// 1 KB tile load, so the loop is the weight stream and nothing else, and the same code serves
+// 1 row or 16 (flat verify curve).
+//
+// Packed layout: blocks of 16 weight rows, row-block major; within a block, one 64-byte group per
+// pair of inputs: bytes 4r .. 4r + 3 of group g are w[16 nb + r][2g], w[16 nb + r][2g + 1] (the
+// pair layout of a TDPBF16PS B operand), so 16 consecutive groups (32 inputs) are one B tile as
+// they lie in memory. Rows past N are zero and their outputs are never written.
+#include <algorithm>
+
+#include "common.h"
+
+namespace verispec {
+namespace {
+
+constexpr int kStepInputs = 32;                       // inputs per tile step
+constexpr int kStepBytes = kRows * kStepInputs * 2;   // one B tile: 16 weight rows x 32 bf16
+constexpr int kGroupBlocks = 4;                       // weight row blocks multiplied together
+constexpr int kPrefetchSteps = 4;                     // how many steps ahead each stream is prefetched
+
+// tmm0..3: C (rows x 16 fp32) of up to four row blocks; tmm4: A (rows x 32 bf16 activations);
+// tmm5..7: B (16 pairs x 16 weight rows), used in turn.
+inline void configure_bf16_tiles(int rows) {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 5; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = 64;
+  }
+  for (int t = 5; t < 8; ++t) {
+    cfg.rows[t] = kRows;
+    cfg.colsb[t] = 64;
+  }
+  VS_TILE_LOADCONFIG(&cfg);
+}
+
+// C tile `tile` of R rows -> y (+ bias) for the 16 output columns of row block nb.
+template <int R>
+inline void store_block(const Bf16Args& a, int64_t nb, int64_t row0, const float* c) {
+  const int64_t n0 = nb * kRows;
+  const int n_valid = static_cast<int>(std::min<int64_t>(a.N - n0, kRows));
+  const __mmask16 mask = n_valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n_valid) - 1);
+  const __m512 bias = a.bias ? _mm512_maskz_loadu_ps(mask, a.bias + n0) : _mm512_setzero_ps();
+  for (int m = 0; m < R; ++m) {
+    __m512 v = _mm512_load_ps(c + 16 * m);
+    if (a.bias) v = _mm512_add_ps(v, bias);
+    store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, v, n_valid);
+  }
+}
+
+// G (1..4) row blocks from nb, the R rows from row0 (the rows the tiles are configured with).
+template <int G>
+void amx_group(const Bf16Args& a, int64_t nb, int64_t row0, int rows) {
+  const int64_t steps = a.K / kStepInputs;
+  const int64_t block_bytes = a.K * kRows * 2;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(a.w) + nb * block_bytes;
+  const uint16_t* x = a.x + row0 * a.K;
+  const int64_t x_stride = a.K * 2;
+  _tile_zero(0);
+  if (G > 1) _tile_zero(1);
+  if (G > 2) _tile_zero(2);
+  if (G > 3) _tile_zero(3);
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s + kPrefetchSteps < steps) {
+      for (int g = 0; g < G; ++g) {
+        const char* ahead = reinterpret_cast<const char*>(w + g * block_bytes + (s + kPrefetchSteps) * kStepBytes);
+        for (int line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      }
+    }
+    const uint8_t* ws = w + s * kStepBytes;
+    VS_TILE_LOADD(4, x + s * kStepInputs, x_stride);
+    VS_TILE_LOADD(5, ws, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if (G > 1) {
+      VS_TILE_LOADD(6, ws + block_bytes, 64);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if (G > 2) {
+      VS_TILE_LOADD(7, ws + 2 * block_bytes, 64);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if (G > 3) {
+      VS_TILE_LOADD(5, ws + 3 * block_bytes, 64);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  alignas(64) float c[kGroupBlocks][kRows * 16];
+  _tile_stored(0, c[0], 64);
+  if (G > 1) _tile_stored(1, c[1], 64);
+  if (G > 2) _tile_stored(2, c[2], 64);
+  if (G > 3) _tile_stored(3, c[3], 64);
+  auto store = [&](int g) {
+    switch (rows) {
+#define VS_CASE(r)                                 \
+  case r:                                          \
+    store_block<r>(a, nb + g, row0, c[g]);         \
+    break;
+      VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
+      VS_CASE(9) VS_CASE(10) VS_CASE(11) VS_CASE(12) VS_CASE(13) VS_CASE(14) VS_CASE(15) VS_CASE(16)
+#undef VS_CASE
+    }
+  };
+  for (int g = 0; g < G; ++g) store(g);
+}
+
+// G row blocks from nb for every row, 16 rows at a time (then the rest): the group's weights are
+// read from memory once and from L2 for the later row chunks. `configured` is the row count the
+// tiles are configured with (0: none yet).
+template <int G>
+void amx_rows(const Bf16Args& a, int64_t nb, int& configured) {
+  for (int64_t row0 = 0; row0 < a.M; row0 += kRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(a.M - row0, kRows));
+    if (rows != configured) {
+      configure_bf16_tiles(rows);
+      configured = rows;
+    }
+    amx_group<G>(a, nb, row0, rows);
+  }
+}
+
+}  // namespace
+
+void bf16_linear(const Bf16Args& a, int64_t begin, int64_t end) {
+  int configured = 0;
+  int64_t nb = begin;
+  for (; nb + kGroupBlocks <= end; nb += kGroupBlocks) amx_rows<kGroupBlocks>(a, nb, configured);
+  switch (end - nb) {
+    case 3: amx_rows<3>(a, nb, configured); break;
+    case 2: amx_rows<2>(a, nb, configured); break;
+    case 1: amx_rows<1>(a, nb, configured); break;
+    default: break;
+  }
+  if (configured) _tile_release();
+}
+
+// bf16 [n, k] row-major -> packed row blocks [begin, end) (see the layout above).
+void bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed, int64_t begin, int64_t end) {
+  const int64_t pairs = k / 2;
+  for (int64_t nb = begin; nb < end; ++nb) {
+    uint16_t* dst = packed + nb * pairs * kRows * 2;
+    for (int64_t g = 0; g < pairs; ++g)
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = nb * kRows + r;
+        dst[(g * kRows + r) * 2] = row < n ? w[row * k + 2 * g] : 0;
+        dst[(g * kRows + r) * 2 + 1] = row < n ? w[row * k + 2 * g + 1] : 0;
+      }
+  }
+}
+
+}  // namespace verispec
