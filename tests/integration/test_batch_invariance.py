@@ -53,7 +53,7 @@ def model(precision: str, seed: int = 0, noise: float = 0.0, kernels: bool = Tru
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_a_verification_pass_equals_its_decode_steps(precision: str) -> None:
     m = model(precision)
-    assert m.row_attention
+    assert m.cpu_kernels
     prompt, block = torch.tensor([PROMPTS[0]]), torch.tensor([[11, 12, 13, 14, 15]])
     wide = m.new_cache(1, 64)
     m(prompt, None, wide)
@@ -99,3 +99,19 @@ def test_greedy_speculation_equals_greedy_plain(precision: str, drafter: str, k:
 
     plain = run("none", 0)
     assert run(drafter, k) == plain
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_a_restricted_draft_head_on_the_kernels_scores_as_the_full_head(precision: str) -> None:
+    draft = model(precision, seed=1, noise=0.3)
+    d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=128, draft_head=40)
+    assert d._head_module is not None  # sliced from the packed head, not dequantised
+    ids = torch.tensor([PROMPTS[0]])
+    full = draft(ids, None, draft.new_cache(1, 64))[0, -1]  # [V]
+    hidden = draft.forward_with_hidden(ids, None, draft.new_cache(1, 64)).hidden[:, -1]  # [1, C]
+    assert torch.equal(d._head_module(hidden)[0].float(), full[:40])
+    target = model(precision)
+    params = SamplingParams(temperature=0, max_tokens=24)
+    e = Engine(target, None, d, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=3))
+    plain = Engine(target, None, None, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=0))
+    assert [o.token_ids for o in e.generate(PROMPTS, params)] == [o.token_ids for o in plain.generate(PROMPTS, params)]

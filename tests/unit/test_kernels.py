@@ -335,3 +335,75 @@ def test_bf16_shapes_are_checked() -> None:
     lin = Bf16Linear.from_weight(torch.randn(16, 64))
     with pytest.raises(RuntimeError, match=r"\[M, 64\]"):
         lin(torch.randn(2, 32, dtype=torch.bfloat16))
+
+
+# ------------------------------------------------------------------------------------ layer ops
+
+
+def test_rotary_is_the_torch_formula_bit_for_bit() -> None:
+    from verispec.kernels import load
+    from verispec.models.rope import apply_rotary
+
+    gen = torch.Generator().manual_seed(0)
+    m, heads, d = 7, 3, 64
+    x = torch.randn(m, heads * d + 32, generator=gen).to(torch.bfloat16)[:, 32:]  # strided rows, like a q/k/v slice
+    cos, sin = (torch.randn(m, d, generator=gen).to(torch.bfloat16) for _ in range(2))
+    ours = load().rotary(x, cos, sin, heads, d)  # [M, heads, d]
+    theirs = apply_rotary(x.reshape(1, m, heads, d), cos[None, :, None], sin[None, :, None])[0]
+    assert torch.equal(ours, theirs)
+
+
+def test_rms_norm_with_the_residual_add() -> None:
+    from verispec.kernels import load
+
+    gen = torch.Generator().manual_seed(1)
+    m, c, eps = 5, 200, 1e-6  # 200: a partial last vector
+    h = (3 * torch.randn(m, c, generator=gen)).to(torch.bfloat16)
+    delta = torch.randn(m, c, generator=gen).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(c, generator=gen)).to(torch.bfloat16)
+    expect_h = h + delta  # bf16 add, rounded
+    x32 = expect_h.float()
+    expect = w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16)
+    got = load().rms_norm(h, delta, w, eps)
+    assert torch.equal(h, expect_h)  # updated in place
+    diff = (got.float() - expect.float()).abs()
+    assert (diff <= 2**-7 * expect.float().abs() + 1e-6).all()  # one bf16 ulp at most (rsqrt / sum order)
+    assert (diff == 0).float().mean() > 0.95
+    rows = torch.cat([load().rms_norm(h[i : i + 1].clone(), None, w, eps) for i in range(m)])
+    assert torch.equal(load().rms_norm(h.clone(), None, w, eps), rows)  # batch-invariant
+
+
+def test_silu_mul() -> None:
+    from verispec.kernels import load
+
+    gen = torch.Generator().manual_seed(2)
+    gate_up = (4 * torch.randn(6, 2 * 136, generator=gen)).to(torch.bfloat16)
+    gate, up = gate_up[:, :136], gate_up[:, 136:]
+    got = load().silu_mul(gate, up)
+    expect = torch.nn.functional.silu(gate) * up
+    diff = (got.float() - expect.float()).abs()
+    assert (diff <= 2**-7 * expect.float().abs() + 1e-30).all() and (diff == 0).float().mean() > 0.95
+
+
+def test_fused_projections_equal_the_parts() -> None:
+    from verispec.kernels import Bf16Linear, Int8Linear, Q4KLinear
+    from verispec.kernels.linear import fuse_linears
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 256, generator=gen).to(torch.bfloat16)
+    sizes = (32, 16, 20)
+    for make in (
+        lambda n, b: Bf16Linear.from_weight(torch.randn(n, 256, generator=gen), b),
+        lambda n, b: Int8Linear.from_weight(torch.randn(n, 256, generator=gen), b),
+        lambda n, b: Q4KLinear.from_blocks(q4k_blocks(n, 256, seed=n), n, 256, b),
+    ):
+        parts = [make(n, torch.randn(n, generator=gen) if i != 1 else None) for i, n in enumerate(sizes)]
+        fused = fuse_linears(parts)
+        assert fused is not None and fused.out_features == sum(sizes)
+        assert torch.equal(fused(x), torch.cat([p(x) for p in parts], -1))
+    mixed = [Bf16Linear.from_weight(torch.randn(16, 256)), Int8Linear.from_weight(torch.randn(16, 256))]
+    assert fuse_linears(mixed) is None  # different kinds
+    assert (
+        fuse_linears([Bf16Linear.from_weight(torch.randn(20, 256)), Bf16Linear.from_weight(torch.randn(16, 256))])
+        is None
+    )

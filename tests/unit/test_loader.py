@@ -48,7 +48,8 @@ def test_prepared_bf16_loads_the_safetensors_exactly(fake: FakeModel) -> None:
         expected = reference.lm_weight.float() if name == "lm_head" else reference.get_submodule(name).dequantize()
         assert torch.equal(linear.dequantize(), expected), name
     if bf16_kernel_usable():  # then the loader moved the model onto the kernels
-        assert loaded.model.row_attention and {m.kind for m in loaded.model.linears().values()} == {"bf16"}
+        assert {m.kind for m in loaded.model.linears().values()} == {"bf16"}
+        assert loaded.model.cpu_kernels == (config.head_dim % 32 == 0)  # the row kernels' head sizes
         reference.use_cpu_kernels()
     for name, tensor in reference.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], tensor), name

@@ -367,11 +367,13 @@ def test_padding_never_pollutes_the_cache() -> None:
 
 def test_every_query_row_of_the_mask_attends_somewhere() -> None:
     # Some SDPA backends turn a fully masked row into NaN; padding queries must not be one.
-    from verispec.models.transformer import _attention_mask
+    from verispec.models.transformer import _additive_mask, _visibility
 
     cache = build("qwen2-tied").new_cache(3, 8)
     plan = cache.begin_step(None, 3, 3, [3, 0, 1])
-    mask = _attention_mask(plan, 3, 2, None, torch.float32)  # [3, 1, 6, span]
+    visible = _visibility(plan, 3, None)  # [3, 3, span]
+    assert visible.any(dim=-1).all()  # the row kernel's form: every query sees something too
+    mask = _additive_mask(visible, 2, torch.float32)  # [3, 1, 6, span]
     assert torch.isfinite(mask).any(dim=-1).all()
     real = torch.isfinite(mask[:, 0, :3])  # group 0, queries t = 0..2
     assert real[0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]

@@ -81,6 +81,7 @@ class ModelDrafter:
         self._state: dict[str, _State] = {}
         self._head_ids: Tensor | None = None  # [H] int64: ids the restricted head scores
         self._head_weight: Tensor | None = None  # [H, C]: their LM head rows
+        self._head_module: torch.nn.Module | None = None  # the same rows on a kernel, when the model has them
         if head_size is not None:
             self._restrict_head(head_size, keep_ids)
 
@@ -96,6 +97,13 @@ class ModelDrafter:
         ids = sorted(set(range(head_size)) | {i for i in keep_ids if 0 <= i < self.vocab_limit})
         self._head_ids = torch.tensor(ids, dtype=torch.long, device=self.model.device)
         self._head_weight = lm_weight.index_select(0, self._head_ids).contiguous()
+        # A head on verispec's kernels (bf16 or int8) is sliced as it is: the restricted head then
+        # computes exactly the full head's scores for its ids, at the kernel's speed.
+        head = getattr(self.model, "lm_head", None)
+        if head is not None and getattr(self.model, "cpu_kernels", False):
+            from verispec.kernels.linear import select_rows
+
+            self._head_module = select_rows(head, self._head_ids)
 
     # ------------------------------------------------------------------------------ lifecycle
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
@@ -145,7 +153,11 @@ class ModelDrafter:
             ).hidden  # [R, T, C]
             h = hidden.gather(1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))[:, 0]  # [R, C]
             logits = torch.full((len(pieces), self.vocab_size), float("-inf"), device=device)
-            logits[:, self._head_ids] = torch.nn.functional.linear(h, self._head_weight).float()
+            if self._head_module is not None:
+                scores = self._head_module(h)  # [R, H]
+            else:
+                scores = torch.nn.functional.linear(h, self._head_weight)
+            logits[:, self._head_ids] = scores.float()
         else:
             out = self.model.forward(
                 tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=last

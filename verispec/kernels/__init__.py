@@ -11,7 +11,11 @@ BF16 / VNNI and AMX (:func:`cpu_supported`), a C++ compiler (g++ >= 11) and ninj
 
 :class:`Bf16Linear` is the bf16 precision's projection on those CPUs: bf16 weights times bf16
 activations on AMX with fp32 sums, read at close to memory bandwidth, flat from 1 to 16 rows and
-batch-invariant like the others (the loader uses it for bf16 models on the CPU when it can).
+batch-invariant like the others. The rest of a decoder layer has kernels too (``attention_rows``:
+attention one query row at a time; ``rms_norm`` with the residual add, ``rotary``, ``silu_mul``),
+each computing a row from that row alone in a fixed order; with them
+:meth:`~verispec.models.transformer.Transformer.use_cpu_kernels` makes a whole forward pass
+batch-invariant (the loader applies it to bf16, int8 and int4 models on such CPUs).
 
     from verispec.kernels import Q4KLinear, Int8Linear, Bf16Linear
     q4 = Q4KLinear.from_blocks(blocks, n, k, bias)   # GGUF Q4_K bytes [n, k/256*144] uint8

@@ -33,7 +33,7 @@ from verispec.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
-SOURCES = ("common.h", "q4k.cpp", "w8a8.cpp", "bf16.cpp", "attention.cpp", "bindings.cpp")
+SOURCES = ("common.h", "q4k.cpp", "w8a8.cpp", "bf16.cpp", "attention.cpp", "layer_ops.cpp", "bindings.cpp")
 COMPILE_FLAGS = (
     "-O3",
     "-ffp-contract=off",  # a * b + c stays two roundings unless a kernel asks for an FMA

@@ -292,3 +292,50 @@ def reference_bf16_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None)
             odd = odd + xf[:, k + 1, None] * wf[None, :, k + 1]
         acc = acc + (even + odd)
     return acc if bias is None else acc + bias.to(torch.float32)
+
+
+def fuse_linears(parts: list[nn.Module]) -> nn.Module | None:
+    """One projection computing ``parts`` side by side (``y = cat([p(x) for p in parts], -1)``, bit
+    for bit), or None when they cannot be fused: they must be of one packed kind (bf16, int8 or
+    Q4_K) with the same input size, and all but the last must have a multiple of 16 outputs (a
+    packed tensor is whole 16-row blocks, so the blocks of the parts are simply concatenated).
+    Used for q/k/v and gate/up: one weight stream and one call instead of three or two."""
+    kind = type(parts[0])
+    if kind not in (Bf16Linear, Int8Linear, Q4KLinear) or any(type(p) is not kind for p in parts):
+        return None
+    shapes = [(int(p.out_features), int(p.in_features)) for p in parts]  # type: ignore[arg-type]
+    if len({k for _, k in shapes}) != 1 or any(n % ROWS for n, _ in shapes[:-1]):
+        return None
+    n, k = sum(n for n, _ in shapes), shapes[0][1]
+    biases: list[Tensor | None] = [getattr(p, "bias", None) for p in parts]
+    bias: Tensor | None = None
+    if any(b is not None for b in biases):
+        bias = torch.cat(
+            [b if b is not None else torch.zeros(size) for b, (size, _) in zip(biases, shapes, strict=True)]
+        )
+    if kind is Bf16Linear:
+        return Bf16Linear(torch.cat([_buffer(p, "bf16") for p in parts]), n, k, bias)
+    if kind is Int8Linear:
+        codes, scales = (torch.cat([_buffer(p, name) for p in parts]) for name in ("int8", "int8_scale"))
+        return Int8Linear(codes, scales, n, k, bias)
+    return Q4KLinear(torch.cat([_buffer(p, "q4k") for p in parts]), n, k, bias)
+
+
+def _buffer(module: nn.Module, name: str) -> Tensor:
+    value = getattr(module, name)
+    assert isinstance(value, Tensor)
+    return value
+
+
+def select_rows(linear: nn.Module, ids: Tensor) -> nn.Module | None:
+    """A projection computing only the outputs ``ids`` (``[H]`` int64) of ``linear``, bit for bit
+    those of the whole one, or None for a kind that cannot be sliced without repacking (Q4_K).
+    Used for a draft LM head restricted to part of the vocabulary."""
+    full_bias = getattr(linear, "bias", None)
+    bias = None if full_bias is None else full_bias.index_select(0, ids)
+    if isinstance(linear, Bf16Linear):
+        return Bf16Linear.from_weight(linear.unpack().index_select(0, ids), bias)
+    if isinstance(linear, Int8Linear):
+        scale = linear.int8_scale[: linear.out_features].index_select(0, ids)
+        return Int8Linear.from_codes(linear.codes().index_select(0, ids), scale, bias)
+    return None

@@ -75,6 +75,27 @@ class Attention(nn.Module):
         self.v_proj: nn.Module = DenseLinear(hidden, config.num_kv_heads * d, bias, device)
         self.o_proj: nn.Module = DenseLinear(config.num_heads * d, hidden, False, device)
 
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # [M, C] -> [M, H*D], [M, Hkv*D] x2
+        """q, k, v of ``x`` (views of one fused projection's output when :meth:`fuse` succeeded)."""
+        fused = getattr(self, "qkv_proj", None)
+        if fused is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        qkv = fused(x)  # [M, (H + 2 Hkv) * D]
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return qkv[:, :q_width], qkv[:, q_width : q_width + kv_width], qkv[:, q_width + kv_width :]
+
+    def fuse(self) -> bool:
+        """Replace q/k/v by one packed projection (:func:`verispec.kernels.linear.fuse_linears`)
+        when they allow it; True if they did."""
+        from verispec.kernels.linear import fuse_linears
+
+        fused = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        if fused is None:
+            return False
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv_proj = fused
+        return True
+
     def forward(
         self,
         x: Tensor,  # [B, T, C]
@@ -83,7 +104,7 @@ class Attention(nn.Module):
         cache: KVCache,
         layer: int,
         plan: StepPlan,
-        mask: Tensor,  # [B, 1, G*T, span] additive (0 = may attend, -inf = may not), or [B, T, span] bool
+        mask: Tensor,  # [B, 1, G*T, span] additive: 0 = may attend, -inf = may not
     ) -> Tensor:  # [B, T, C]
         b, t, _ = x.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -95,11 +116,6 @@ class Attention(nn.Module):
         cache.write(layer, plan, k, v)
         keys, values = cache.read(layer, plan)  # [B, H_kv, span, D] each
         # Query head h = kv * G + g (transformers' repeat_kv order); stack a group's heads along T.
-        if mask.dtype == torch.bool:  # [B, T, span] visibility: the row-by-row CPU kernel
-            from verispec.kernels import load
-
-            rows = load().attention_rows(q, keys, values, mask, d**-0.5)  # [B, T, H, D]
-            return self.o_proj(rows.view(b, t, h * d))  # type: ignore[no-any-return]
         qg = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
         out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)  # [B, H_kv, G*T, D]
         out = out.view(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
@@ -119,6 +135,26 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # [B, T, C] -> [B, T, C]
         gate = F.silu(self.gate_proj(x))  # [B, T, F]
         return self.down_proj(gate * self.up_proj(x))  # type: ignore[no-any-return]
+
+    def project_gate_up(self, x: Tensor) -> tuple[Tensor, Tensor]:  # [M, C] -> [M, F] x2
+        """gate and up of ``x`` (views of one fused projection's output when :meth:`fuse` succeeded)."""
+        fused = getattr(self, "gate_up_proj", None)
+        if fused is None:
+            return self.gate_proj(x), self.up_proj(x)
+        gate_up = fused(x)  # [M, 2F]
+        f = gate_up.shape[-1] // 2
+        return gate_up[:, :f], gate_up[:, f:]
+
+    def fuse(self) -> bool:
+        """Replace gate/up by one packed projection when they allow it; True if they did."""
+        from verispec.kernels.linear import fuse_linears
+
+        fused = fuse_linears([self.gate_proj, self.up_proj])
+        if fused is None:
+            return False
+        del self.gate_proj, self.up_proj
+        self.gate_up_proj = fused
+        return True
 
 
 class DecoderLayer(nn.Module):
@@ -187,8 +223,8 @@ class Transformer(nn.Module):
         self._load(rest, dtype, torch.device(device))
         self.requires_grad_(False)
         self.rope = RotaryEmbedding(config, device, state_dict.get(ROPE_FREQS_KEY))
-        #: attention through verispec's row-by-row CPU kernel (see :meth:`use_cpu_kernels`)
-        self.row_attention = False
+        #: decoder layers on verispec's CPU kernels (see :meth:`use_cpu_kernels`)
+        self.cpu_kernels = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -274,8 +310,11 @@ class Transformer(nn.Module):
 
     def use_cpu_kernels(self) -> None:
         """Run this bf16 / int8 / int4 CPU model on verispec's kernels (:mod:`verispec.kernels`):
-        dense bf16 projections move to the AMX kernel (:meth:`pack_bf16`), and attention runs one
-        query row at a time in a fixed order (``csrc/attention.cpp``). Every operation of a
+        dense bf16 projections move to the AMX kernel (:meth:`pack_bf16`), q/k/v and gate/up are
+        fused into one projection each where their kinds allow, and each decoder layer runs as a
+        short sequence of kernel calls (:meth:`_layers_on_kernels`): RMSNorm with the residual add,
+        RoPE and SwiGLU in ``csrc/layer_ops.cpp``, attention one query row at a time in a fixed
+        order (``csrc/attention.cpp``). Every operation of a
         forward pass then computes a token's row the same way whatever else is in the pass, so a
         verification pass over ``K + 1`` tokens gives each of them the logits a one-token decode
         step gives it, bit for bit, and greedy speculative output equals greedy plain output in
@@ -287,7 +326,14 @@ class Transformer(nn.Module):
             return
         load()
         self.pack_bf16()
-        self.row_attention = self.config.head_dim % 16 == 0 and self.config.head_dim <= 256
+        d = self.config.head_dim
+        if d % 32 or d > 256:  # the row kernels' head sizes; other models keep torch's operations
+            return
+        for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        self.cpu_kernels = True
 
     def pack_bf16(self) -> int:
         """Move every dense bf16 CPU projection whose input size is a multiple of 32 (and the LM
@@ -311,6 +357,36 @@ class Transformer(nn.Module):
             self.lm_head = Bf16Linear.from_weight(embed)
             moved += 1
         return moved
+
+    def _layers_on_kernels(
+        self, h: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, plan: StepPlan, visible: Tensor
+    ) -> Tensor:  # h [B, T, C] (updated in place) -> the final norm of the last hidden states [B, T, C]
+        """The decoder layers and the final norm as kernel calls (see :meth:`use_cpu_kernels`): the
+        same computation as the module path, every operation row by row (batch-invariant)."""
+        from verispec.kernels import load
+
+        ops = load()
+        b, t, c = h.shape
+        cfg = self.config
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        eps = cfg.rms_norm_eps
+        cos2, sin2 = cos.reshape(b * t, d), sin.reshape(b * t, d)  # [M, D]
+        flat = h.view(b * t, c)  # [M, C]
+        layers = [layer for layer in self.model.layers if isinstance(layer, DecoderLayer)]
+        x = ops.rms_norm(flat, None, layers[0].input_layernorm.weight, eps)  # [M, C]
+        for i, layer in enumerate(layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            q, k, v = attn.project_qkv(x)  # [M, H*D], [M, Hkv*D], [M, Hkv*D]
+            q = ops.rotary(q, cos2, sin2, hq, d).view(b, t, hq, d)
+            k = ops.rotary(k, cos2, sin2, hkv, d).view(b, t, hkv, d)
+            cache.write(i, plan, k, v.reshape(b, t, hkv, d))
+            keys, values = cache.read(i, plan)  # [B, H_kv, span, D] each
+            rows = ops.attention_rows(q, keys, values, visible, d**-0.5)  # [B, T, H, D]
+            x = ops.rms_norm(flat, attn.o_proj(rows.view(b * t, hq * d)), layer.post_attention_layernorm.weight, eps)
+            gate, up = mlp.project_gate_up(x)  # [M, F] each
+            after = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
+            x = ops.rms_norm(flat, mlp.down_proj(ops.silu_mul(gate, up)), after, eps)
+        return x.view(b, t, c)  # type: ignore[no-any-return]
 
     def linears(self) -> dict[str, Linear]:
         """Every projection by name (q/k/v/o, gate/up/down of each layer, then the LM head unless
@@ -402,15 +478,17 @@ class Transformer(nn.Module):
                 tokens = torch.where(plan.valid, tokens, 0)  # padding -> any valid id
             groups = self.config.num_heads // self.config.num_kv_heads
             visible = _visibility(plan, t, attn_mask)  # [B, T, span] bool
-            # [B, T, span] bool for the row kernel, else [B, 1, G*T, span] additive for SDPA
-            mask = visible if self.row_attention else _additive_mask(visible, groups, self.dtype)
             cos, sin = self.rope.cos_sin(positions, self.dtype, plan.valid)  # [B, T, 1, D] each
             h = F.embedding(tokens, self.model.embed_tokens.weight)  # [B, T, C]
-            for i, layer in enumerate(self.model.layers):
-                assert isinstance(layer, DecoderLayer)
-                h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, cache, i, plan, mask)
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
-            h = self.model.norm(h)  # [B, T, C]
+            if self.cpu_kernels:
+                h = self._layers_on_kernels(h, cos, sin, cache, plan, visible)
+            else:
+                mask = _additive_mask(visible, groups, self.dtype)  # [B, 1, G*T, span]
+                for i, layer in enumerate(self.model.layers):
+                    assert isinstance(layer, DecoderLayer)
+                    h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, cache, i, plan, mask)
+                    h = h + layer.mlp(layer.post_attention_layernorm(h))
+                h = self.model.norm(h)  # [B, T, C]
             cache.end_step(plan)
             picked = h if logits_at is None else h.gather(1, logits_at[:, :, None].expand(-1, -1, h.shape[-1]))
             head = self.lm_head

@@ -221,6 +221,76 @@ at::Tensor attention_by_row(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
+// ------------------------------------------------------------------------------------ layer ops
+
+const uint16_t* bf16_pointer(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
+uint16_t* bf16_pointer_mut(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+void check_bf16_cpu(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.device().is_cpu(), what, " must be a bf16 CPU tensor");
+}
+
+// h [..., C] (contiguous; h += delta in place first when delta is given) -> RMSNorm(h) * weight.
+at::Tensor rms_norm(at::Tensor& h, const c10::optional<at::Tensor>& delta, const at::Tensor& weight, double eps) {
+  check_bf16_cpu(h, "h");
+  check_bf16_cpu(weight, "weight");
+  TORCH_CHECK(h.is_contiguous(), "h must be contiguous");
+  const int64_t c = h.size(-1), m = h.numel() / std::max<int64_t>(c, 1);
+  TORCH_CHECK(weight.numel() == c && weight.is_contiguous(), "weight must be [", c, "]");
+  at::Tensor d;
+  if (delta.has_value()) {
+    check_bf16_cpu(*delta, "delta");
+    TORCH_CHECK(delta->numel() == h.numel(), "delta must have h's shape");
+    d = delta->contiguous();
+  }
+  at::Tensor y = at::empty_like(h);
+  uint16_t* hp = bf16_pointer_mut(h);
+  const uint16_t* dp = d.defined() ? bf16_pointer(d) : nullptr;
+  const uint16_t* wp = bf16_pointer(weight);
+  uint16_t* yp = bf16_pointer_mut(y);
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, m, 8, [&](int64_t b, int64_t en) { rms_norm_rows(hp, dp, wp, yp, c, e, b, en); });
+  return y;
+}
+
+// x [M, heads * d] (rows may be strided: a slice of a fused q/k/v output), cos / sin [M, d]
+// -> [M, heads, d].
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t d) {
+  check_bf16_cpu(x, "x");
+  check_bf16_cpu(cos, "cos");
+  check_bf16_cpu(sin, "sin");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == heads * d && x.stride(1) == 1, "x must be [M, heads * d] with unit stride");
+  TORCH_CHECK(d % 32 == 0, "head size must be a multiple of 32, got ", d);
+  const int64_t m = x.size(0);
+  const at::Tensor cc = cos.contiguous(), sc = sin.contiguous();
+  TORCH_CHECK(cc.numel() == m * d && sc.numel() == m * d, "cos and sin must be [M, d]");
+  at::Tensor y = at::empty({m, heads, d}, x.options());
+  const uint16_t* xp = bf16_pointer(x);
+  const uint16_t* cp = bf16_pointer(cc);
+  const uint16_t* sp = bf16_pointer(sc);
+  uint16_t* yp = bf16_pointer_mut(y);
+  const int64_t stride = x.stride(0);
+  at::parallel_for(0, m, 8, [&](int64_t b, int64_t e) { rotary_rows(xp, stride, cp, sp, yp, heads, d, b, e); });
+  return y;
+}
+
+// gate, up [M, F] with the same row stride and unit column stride -> silu(gate) * up [M, F].
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  check_bf16_cpu(gate, "gate");
+  check_bf16_cpu(up, "up");
+  TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes() && gate.stride(1) == 1 && up.stride(1) == 1 &&
+                  gate.stride(0) == up.stride(0),
+              "gate and up must be [M, F] with the same strides");
+  const int64_t m = gate.size(0), f = gate.size(1);
+  at::Tensor y = at::empty({m, f}, gate.options());
+  const uint16_t* gp = bf16_pointer(gate);
+  const uint16_t* upp = bf16_pointer(up);
+  uint16_t* yp = bf16_pointer_mut(y);
+  const int64_t stride = gate.stride(0);
+  at::parallel_for(0, m, 4, [&](int64_t b, int64_t e) { silu_mul_rows(gp, upp, stride, yp, f, b, e); });
+  return y;
+}
+
 // ------------------------------------------------------------------------------------ bandwidth
 
 // Reads every byte of t once (64-byte vector loads, all threads) and returns a checksum: the
@@ -273,5 +343,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_rows", &verispec::attention_by_row,
         "q [B, T, H, D], k/v [B, H_kv, span, D], visible [B, T, span] bool, scale -> [B, T, H, D]: softmax "
         "attention one query row at a time in a fixed order (batch-invariant)");
+  m.def("rms_norm", &verispec::rms_norm,
+        "h [..., C] bf16 (h += delta in place first, when given) -> RMSNorm(h) * weight (batch-invariant)",
+        py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
+  m.def("rotary", &verispec::rotary, "x [M, heads * d] bf16, cos/sin [M, d] -> rotate-half RoPE [M, heads, d]");
+  m.def("silu_mul", &verispec::silu_mul, "gate, up [M, F] bf16 -> silu(gate) * up [M, F]");
   m.def("stream_read", &verispec::stream_read, "read every byte of a tensor once (bandwidth probe)");
 }

@@ -1,6 +1,6 @@
 // Shared pieces of verispec's linear kernels (w8a8.cpp: int8 weights, q4k.cpp: GGUF Q4_K weights,
 // both times activations quantised to int8; bf16.cpp: bf16 weights times bf16 activations;
-// attention.cpp: batch-invariant attention): the AMX tile plumbing, the argument
+// attention.cpp: batch-invariant attention; layer_ops.cpp: norms, RoPE, SwiGLU): the AMX tile plumbing, the argument
 // block the kernels take, and the entry points that bindings.cpp calls. No torch header here: the
 // kernels see raw pointers only, so they compile in seconds and read as plain C++.
 //
@@ -97,6 +97,17 @@ struct AttnArgs {
   bool bf16;            // q, k, v and out are bf16 (else fp32)
 };
 void attention_rows(const AttnArgs& a, int64_t begin, int64_t end);  // rows (b * T + t) * H + h
+
+// ---- the small operations between the projections, bf16 (layer_ops.cpp); rows [begin, end)
+// h [M, C] (+= delta when delta is not null, in place), y = RMSNorm(h) * w
+void rms_norm_rows(uint16_t* h, const uint16_t* delta, const uint16_t* w, uint16_t* y, int64_t c, float eps,
+                   int64_t begin, int64_t end);
+// x [M, heads * d] (row stride x_stride), cos / sin [M, d] -> y [M, heads, d] (rotate-half RoPE)
+void rotary_rows(const uint16_t* x, int64_t x_stride, const uint16_t* cos, const uint16_t* sin, uint16_t* y,
+                 int64_t heads, int64_t d, int64_t begin, int64_t end);
+// gate, up [M, f] (row stride `stride`) -> y [M, f] = silu(gate) * up
+void silu_mul_rows(const uint16_t* gate, const uint16_t* up, int64_t stride, uint16_t* y, int64_t f, int64_t begin,
+                   int64_t end);
 
 // ---- bf16 weights (bf16.cpp)
 struct Bf16Args {
