@@ -65,7 +65,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--draft-dtype",
         default=None,
         choices=["fp32", "bf16", "int8", "int4"],
-        help="precision of the draft model (default: --dtype)",
+        help="precision of the draft model (default: int8 on a CPU where the kernels run and --dtype is not fp32, "
+        "else --dtype)",
     )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument(

@@ -26,6 +26,7 @@ from verispec.models.loader import (
     ProgressFn,
     check_compatible,
     check_precision,
+    default_draft_dtype,
     load_model,
 )
 
@@ -69,11 +70,15 @@ def build(
     progress: ProgressFn | None = None,
 ) -> Pipeline:
     """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
-    ``k``: draft length, or None for the measured policy; ``dtype`` / ``draft_dtype`` (default:
-    ``dtype``): "fp32", "bf16", "int8" or "int4" (see :mod:`verispec.models.loader`);
-    ``draft_head``: score only the first N token ids (and the stop ids) with the draft model."""
+    ``k``: draft length, or None for the measured policy; ``dtype`` / ``draft_dtype``: "fp32",
+    "bf16", "int8" or "int4" (see :mod:`verispec.models.loader`; the draft's default is
+    :func:`~verispec.models.loader.default_draft_dtype`: int8 where the CPU kernels run, else
+    ``dtype``); ``draft_head``: score only the first N token ids (and the stop ids) with the draft
+    model."""
     if drafter not in DRAFTER_NAMES:
         raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    if draft_dtype is None and drafter in ("model", "composite") and dtype in DTYPE_NAMES:
+        draft_dtype = default_draft_dtype(dtype, device)
     for name, value in (("dtype", dtype), ("draft dtype", draft_dtype or dtype)):
         if value not in DTYPE_NAMES:
             raise ConfigError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")

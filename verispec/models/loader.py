@@ -152,6 +152,16 @@ def bf16_kernel_usable() -> bool:
     return True
 
 
+def default_draft_dtype(dtype: DTypeName, device: str) -> DTypeName:
+    """The draft model's precision when none is asked for: "int8" on a CPU where the kernels run
+    and the target is not the fp32 reference (the draft's speed is all that matters there: its
+    precision never changes the output's law, only how often its tokens are accepted), else
+    ``dtype``."""
+    if dtype == "fp32" or device != "cpu" or not bf16_kernel_usable():
+        return dtype
+    return "int8"
+
+
 def _stage(progress: ProgressFn | None) -> Callable[[str, int, int], None] | None:
     """GGUFModel.state_dict's per-tensor callback, reported as the "load" stage."""
     if progress is None:
