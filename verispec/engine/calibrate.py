@@ -64,7 +64,8 @@ class CostTable:
 
 
 def fingerprint(model: LanguageModel, name: str) -> str:
-    """What the costs depend on: model identity and shape, precision, device, threads, torch."""
+    """What the costs depend on: model identity and shape, precision, device, threads, torch, and
+    the kernels' sources when the model runs on them."""
     c = model.config
     parts = [
         name, c.architecture, str(c.num_layers), str(c.hidden_size), str(c.intermediate_size), str(c.vocab_size),
@@ -74,6 +75,10 @@ def fingerprint(model: LanguageModel, name: str) -> str:
     precision = getattr(model, "precision", None)
     if precision in ("int8", "int4"):  # quantised weights cost differently from the dtype's dense ones
         parts.append(str(precision))
+    if getattr(model, "cpu_kernels", False):  # on verispec's kernels: their sources decide the costs
+        from verispec.kernels.build import build_key
+
+        parts.append("kernels " + build_key())
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
