@@ -22,6 +22,7 @@ def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
+    fig.tight_layout()  # titles and axis labels of stacked panels must not overlap
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode("ascii")
@@ -347,7 +348,8 @@ def render_summary_png(result: dict[str, Any], plots: dict[str, str | None] | No
     pair = result.get("pair") or {}
     title = f"verispec gate: {pair.get('target', result['endpoints']['spec']['model'])}"
     if pair.get("draft"):
-        title += f" <- {pair['draft']} (K={pair.get('k')}, {pair.get('dtype')})"
+        dtypes = f"{pair.get('dtype')} target" + (f", {pair['draft_dtype']} draft" if pair.get("draft_dtype") else "")
+        title += f" <- {pair['draft']} (K={pair.get('k')}, {dtypes})"
     head.text(0.01, 0.98, title, fontsize=13, weight="bold", va="top")
     for i, (label, verdict) in enumerate(verdicts):
         y = 0.98 - (i + 1) * 0.8 / max(len(verdicts), 1)

@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
             spec = Deployment("spec", local_spec.url, None, None, local_spec)
             pair = {"target": pipes[1].target.name, "draft": pipes[1].draft.name if pipes[1].draft else None,
                     "drafter": args.drafter, "k": args.k if args.k is not None else "auto", "dtype": args.dtype,
-                    "device": args.device}  # fmt: skip
+                    "draft_dtype": pipes[1].draft.precision if pipes[1].draft else None,
+                    "draft_vocab": args.draft_vocab, "device": args.device}  # fmt: skip
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:  # fmt: skip
             result = run_gate(base, spec, prompts, settings, pair=pair, k_hint=args.k if external else None,
