@@ -99,3 +99,30 @@ def test_bad_config() -> None:
     d.begin("r", [1])
     with pytest.raises(InputError, match="unique"):
         d.begin("r", [1])
+
+
+def test_composite_lookup_runs_to_the_budget_and_the_model_keeps_the_scheduled_length() -> None:
+    """In a composite draft, a prompt-lookup row may draft past the scheduled length, up to its
+    budget (free tokens); a model row keeps the scheduled length; a row scheduled for 0 gets none;
+    without budgets (a fixed K) the scheduled length holds for both."""
+    import torch
+
+    from verispec.drafters.composite import CompositeDrafter
+    from verispec.drafters.model import ModelDrafter
+    from verispec.models.tiny import tiny_pair
+
+    _, draft = tiny_pair(8)
+    d = CompositeDrafter(NgramDrafter(), ModelDrafter(draft, vocab_size=8, max_batch=4, max_len=64))
+    contexts = {"copy": [1, 2, 3, 4, 5, 6, 7, 1, 2], "fresh": [3, 5, 7], "off": [1, 2, 3, 1, 2]}
+    for rid, ctx in contexts.items():
+        d.begin(rid, ctx)
+    params = [SamplingParams(temperature=0)] * 3
+    view = BatchView(list(contexts), list(contexts.values()), params, [None] * 3, budgets=[6, 6, 6])
+    draft_ = d.propose(view, [2, 2, 0])
+    assert draft_.num_tokens.tolist() == [6, 2, 0]
+    assert draft_.token_ids[0].tolist() == [3, 4, 5, 6, 7, 1]  # what followed "1 2", past K = 2
+    assert draft_.probs is not None and torch.equal(draft_.probs[0, :6].argmax(-1), draft_.token_ids[0])
+    again = CompositeDrafter(NgramDrafter(), ModelDrafter(draft, vocab_size=8, max_batch=4, max_len=64))
+    again.begin("copy", contexts["copy"])
+    fixed = BatchView(["copy"], [contexts["copy"]], params[:1], [None])  # no budgets: K holds
+    assert again.propose(fixed, [2]).token_ids.tolist() == [[3, 4]]

@@ -24,13 +24,17 @@ class BatchView:
     """What a drafter may read of the running batch, one entry per row.
 
     ``token_ids[b]`` is request b's committed sequence (prompt + output so far); ``params`` and
-    ``generators`` are its sampling parameters and generator (None for greedy requests).
+    ``generators`` are its sampling parameters and generator (None for greedy requests);
+    ``budgets[b]`` (when the engine gives them) is the most draft tokens that can still be useful
+    to request b (its remaining token allowance), which a drafter whose tokens cost nothing may
+    use instead of the scheduled draft length (see :class:`~verispec.drafters.composite.CompositeDrafter`).
     """
 
     request_ids: Sequence[str]
     token_ids: Sequence[Sequence[int]]
     params: Sequence[SamplingParams]
     generators: Sequence[torch.Generator | None]
+    budgets: Sequence[int] | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)

@@ -4,6 +4,13 @@ Rows drafted by the n-gram index report a one-hot law (a point mass: exactly wha
 "sampled"), rows drafted by the model report the model's law, so one :class:`~verispec.verify.Draft`
 carries both and the rejection rule stays exact for each row. Both drafters observe every committed
 token, so either can take over at any step.
+
+A lookup draft is not held to the draft length scheduled for the model (see :meth:`propose`): it
+costs nothing to make, so with K chosen per step it runs to the row's budget
+(``BatchView.budgets``: the engine's ``max_draft_tokens``, or fewer near the end of the request);
+a fixed K holds for both. On text that repeats its input this
+is where the composite gains over the model alone. The lengths depend on the committed context
+only, so the output's law is unchanged.
 """
 
 from __future__ import annotations
@@ -42,11 +49,20 @@ class CompositeDrafter:
         self.model.end(request_id)
 
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
-        lookups = [self.ngram.lookup(rid, k) for rid, k in zip(batch.request_ids, max_tokens, strict=True)]
+        # The scheduled length is sized for the model's drafts, which cost a pass per token and are
+        # accepted less often deep into the draft; a prompt-lookup draft costs nothing and continues
+        # a span seen before, so it may run to the row's budget (verification of a longer chain
+        # costs about the same while decoding is memory-bound). A row scheduled for 0 gets nothing.
+        budgets = batch.budgets if batch.budgets is not None else max_tokens
+        lookups = [
+            self.ngram.lookup(rid, max(k, budget) if k > 0 else 0)
+            for rid, k, budget in zip(batch.request_ids, max_tokens, budgets, strict=True)
+        ]
         model_k = [0 if found else k for found, k in zip(lookups, max_tokens, strict=True)]
         model_draft = self.model.propose(batch, model_k)
         self.last_catchup_tokens = self.model.last_catchup_tokens
-        n, k_max = len(batch), max(max_tokens, default=0)
+        n = len(batch)
+        k_max = max([*max_tokens, *(len(found) for found in lookups)], default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)
         laws = torch.zeros((n, k_max, self.model.vocab_size), dtype=torch.float32, device=model_draft.token_ids.device)
         if model_draft.probs is not None:

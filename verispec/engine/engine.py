@@ -264,9 +264,12 @@ class Engine:
         ks = self.policy.draft_lengths(batch, budgets) if self.drafter is not None else [0] * len(batch)
         start = time.perf_counter()
         if self.drafter is not None and any(ks):
+            # With K auto, a drafter whose tokens are free may draft to the budget; a fixed K is K.
+            auto = self.config.num_draft_tokens is None
+            free = [min(b, self.config.max_draft_tokens) for b in budgets] if auto else None
             view = BatchView(
                 [r.request_id for r in batch], [r.context for r in batch], [r.params for r in batch],
-                [r.generator for r in batch],
+                [r.generator for r in batch], free,
             )  # fmt: skip
             draft = self.drafter.propose(view, ks)
         else:
