@@ -96,14 +96,16 @@ class ModelDrafter:
             raise ConfigError(f"draft head size must be in [1, {self.vocab_limit}], got {head_size}")
         ids = sorted(set(range(head_size)) | {i for i in keep_ids if 0 <= i < self.vocab_limit})
         self._head_ids = torch.tensor(ids, dtype=torch.long, device=self.model.device)
-        self._head_weight = lm_weight.index_select(0, self._head_ids).contiguous()
         # A head on verispec's kernels (bf16 or int8) is sliced as it is: the restricted head then
-        # computes exactly the full head's scores for its ids, at the kernel's speed.
+        # computes exactly the full head's scores for its ids, at the kernel's speed. Otherwise
+        # its rows in the model's dtype, for F.linear.
         head = getattr(self.model, "lm_head", None)
         if head is not None and getattr(self.model, "cpu_kernels", False):
             from verispec.kernels.linear import select_rows
 
             self._head_module = select_rows(head, self._head_ids)
+        if self._head_module is None:
+            self._head_weight = lm_weight.index_select(0, self._head_ids).contiguous()
 
     # ------------------------------------------------------------------------------ lifecycle
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
@@ -146,7 +148,7 @@ class ModelDrafter:
         num_new = [len(p) for p in pieces]
         last = torch.tensor([[n - 1] for n in num_new], device=device)
         slots = [s.slot for s in states]
-        if self._head_ids is not None and self._head_weight is not None:
+        if self._head_ids is not None:
             none = torch.empty((len(pieces), 0), dtype=torch.long, device=device)
             hidden = self.model.forward_with_hidden(  # type: ignore[attr-defined]
                 tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=none
@@ -156,6 +158,7 @@ class ModelDrafter:
             if self._head_module is not None:
                 scores = self._head_module(h)  # [R, H]
             else:
+                assert self._head_weight is not None
                 scores = torch.nn.functional.linear(h, self._head_weight)
             logits[:, self._head_ids] = scores.float()
         else:

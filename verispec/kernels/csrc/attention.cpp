@@ -11,7 +11,7 @@
 // For a row (batch b, new token t, query head h, its key/value head h / G):
 //   s_j = scale * (q . k_j)         for the visible keys j in increasing order; the dot product
 //                                   is D/16 vector FMAs in order, then a fixed lane reduction
-//   m = max_j s_j,  p_j = exp(s_j - m)   (exp: the polynomial below, the same for every row)
+//   m = max_j s_j,  p_j = exp(s_j - m)   (exp: common.h's exp_fp32, the same for every row)
 //   l = sum_j p_j                   (16 lanes in parallel over j, then the fixed lane reduction)
 //   o = (sum_j p_j v_j) / l         (fp32 vector FMAs in order of j), rounded to the output dtype
 // All in fp32 from bf16 (or fp32) inputs.
@@ -25,31 +25,8 @@ namespace verispec {
 namespace {
 
 inline __m512 load_row16(const void* base, bool bf16, int64_t offset) {
-  if (bf16) {
-    const auto* src = static_cast<const uint16_t*>(base) + offset;
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-  }
+  if (bf16) return widen_bf16(static_cast<const uint16_t*>(base) + offset);
   return _mm512_loadu_ps(static_cast<const float*>(base) + offset);
-}
-
-// exp(x) for x <= 0 (fp32, about 2 ulp): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its
-// degree-6 Taylor polynomial in Horner form, times 2^n. Below -87.3 the result is 0.
-inline __m512 exp_nonpositive(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.3f);
-  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, lo);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 in two parts (Cody-Waite)
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), _mm512_scalef_ps(p, n));
 }
 
 constexpr int kMaxHeadDim = 256;
@@ -81,7 +58,7 @@ void attention_row(const AttnArgs& a, int64_t row, std::vector<float>& score, st
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int cnt = static_cast<int>(std::min<int64_t>(16, n - j0));
     const __mmask16 mask = cnt >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1);
-    const __m512 p = _mm512_maskz_mov_ps(mask, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, &score[j0]), mv)));
+    const __m512 p = _mm512_maskz_mov_ps(mask, exp_fp32(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, &score[j0]), mv)));
     lsum = _mm512_add_ps(lsum, p);
     alignas(64) float pj[16];
     _mm512_store_ps(pj, p);

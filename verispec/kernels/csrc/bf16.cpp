@@ -37,28 +37,17 @@ constexpr int kPrefetchSteps = 4;                     // how many steps ahead ea
 // tmm0..3: C (rows x 16 fp32) of up to four row blocks; tmm4: A (rows x 32 bf16 activations);
 // tmm5..7: B (16 pairs x 16 weight rows), used in turn.
 inline void configure_bf16_tiles(int rows) {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 5; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(rows);
-    cfg.colsb[t] = 64;
-  }
-  for (int t = 5; t < 8; ++t) {
-    cfg.rows[t] = kRows;
-    cfg.colsb[t] = 64;
-  }
-  VS_TILE_LOADCONFIG(&cfg);
+  const TileShape c{rows, 64}, b{kRows, 64};
+  configure_tiles({c, c, c, c, c, b, b, b});
 }
 
-// C tile `tile` of R rows -> y (+ bias) for the 16 output columns of row block nb.
-template <int R>
-inline void store_block(const Bf16Args& a, int64_t nb, int64_t row0, const float* c) {
+// The fp32 sums c of `rows` rows (a stored C tile) -> y (+ bias) for the 16 output columns of row block nb.
+inline void store_block(const Bf16Args& a, int64_t nb, int64_t row0, int rows, const float* c) {
   const int64_t n0 = nb * kRows;
   const int n_valid = static_cast<int>(std::min<int64_t>(a.N - n0, kRows));
   const __mmask16 mask = n_valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n_valid) - 1);
   const __m512 bias = a.bias ? _mm512_maskz_loadu_ps(mask, a.bias + n0) : _mm512_setzero_ps();
-  for (int m = 0; m < R; ++m) {
+  for (int m = 0; m < rows; ++m) {
     __m512 v = _mm512_load_ps(c + 16 * m);
     if (a.bias) v = _mm512_add_ps(v, bias);
     store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, v, n_valid);
@@ -106,18 +95,7 @@ void amx_group(const Bf16Args& a, int64_t nb, int64_t row0, int rows) {
   if (G > 1) _tile_stored(1, c[1], 64);
   if (G > 2) _tile_stored(2, c[2], 64);
   if (G > 3) _tile_stored(3, c[3], 64);
-  auto store = [&](int g) {
-    switch (rows) {
-#define VS_CASE(r)                                 \
-  case r:                                          \
-    store_block<r>(a, nb + g, row0, c[g]);         \
-    break;
-      VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
-      VS_CASE(9) VS_CASE(10) VS_CASE(11) VS_CASE(12) VS_CASE(13) VS_CASE(14) VS_CASE(15) VS_CASE(16)
-#undef VS_CASE
-    }
-  };
-  for (int g = 0; g < G; ++g) store(g);
+  for (int g = 0; g < G; ++g) store_block(a, nb + g, row0, rows, c[g]);
 }
 
 // G row blocks from nb for every row, 16 rows at a time (then the rest): the group's weights are

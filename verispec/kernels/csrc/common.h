@@ -13,8 +13,11 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 namespace verispec {
 
@@ -36,6 +39,71 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16];
   uint8_t rows[16];
 };
+
+// Loads a tile configuration: (rows, bytes per row) of tiles tmm0 .. tmm7.
+struct TileShape {
+  int rows, colsb;
+};
+inline void configure_tiles(const std::array<TileShape, 8>& shapes) {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(shapes[t].rows);
+    cfg.colsb[t] = static_cast<uint16_t>(shapes[t].colsb);
+  }
+  VS_TILE_LOADCONFIG(&cfg);
+}
+
+// The instances of a kernel templated on its row count R = 1 .. N, indexed by R - 1:
+// make(std::integral_constant<int, R>) returns &kernel<R> (a constexpr table, no switch per kernel).
+template <int N, typename Make, int... I>
+constexpr auto rows_table_of(Make make, std::integer_sequence<int, I...>) {
+  return std::array{make(std::integral_constant<int, I + 1>{})...};
+}
+template <int N, typename Make>
+constexpr auto rows_table(Make make) {
+  return rows_table_of<N>(make, std::make_integer_sequence<int, N>{});
+}
+// table[rows - 1], or null outside 1 .. N.
+template <typename Fn, std::size_t N>
+inline Fn pick_rows(const std::array<Fn, N>& table, int64_t rows) {
+  return rows >= 1 && rows <= static_cast<int64_t>(N) ? table[rows - 1] : nullptr;
+}
+
+// bf16 <-> fp32 for 16 lanes: a bf16 is the top half of the fp32 with the same value.
+inline __m512 widen_bf16(const uint16_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+inline __m512 widen_bf16_masked(const uint16_t* p, __mmask16 m) {
+  const __m256i v = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+inline __m512 round_to_bf16(__m512 v) {  // to the nearest bf16 (even on ties), back in fp32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+// exp(x) in fp32 (about 2 ulp): x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite), exp(r) by its
+// degree-6 Taylor polynomial in Horner form, times 2^n; 0 below -87.3, exp(88.7) above 88.7. The
+// same instructions for every lane and call, so a row's result never depends on its neighbours.
+inline __m512 exp_fp32(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.7f));
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), _mm512_scalef_ps(p, n));
+}
 
 // Linux hands out the AMX tile-data state only to processes that ask (arch_prctl
 // ARCH_REQ_XCOMP_PERM, XTILEDATA); false when the CPU or the kernel refuses.

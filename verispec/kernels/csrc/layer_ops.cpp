@@ -16,38 +16,10 @@
 namespace verispec {
 namespace {
 
-inline __m512 widen(const uint16_t* p) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-}
-inline __m512 widen_masked(const uint16_t* p, __mmask16 m) {
-  const __m256i v = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-}
-inline __m512 round_bf16(__m512 v) {  // to the nearest bf16 (even on ties), back in fp32
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-}
 inline void narrow_store(uint16_t* p, __m512 v, __mmask16 m = 0xFFFF) {
   _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
 }
 inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
-
-// exp(x) for any x (fp32, about 2 ulp; 0 below -87.3, +inf above 88.7): x = n ln2 + r, exp(r)
-// by its degree-6 Taylor polynomial, times 2^n.
-inline __m512 exp_any(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 }  // namespace
 
@@ -58,9 +30,9 @@ void rms_norm_rows(uint16_t* h, const uint16_t* delta, const uint16_t* w, uint16
     __m512 sq = _mm512_setzero_ps();
     for (int64_t i = 0; i < c; i += 16) {
       const __mmask16 k = tail_mask(c - i);
-      __m512 v = widen_masked(hr + i, k);
+      __m512 v = widen_bf16_masked(hr + i, k);
       if (delta) {
-        v = round_bf16(_mm512_add_ps(v, widen_masked(delta + m * c + i, k)));
+        v = round_to_bf16(_mm512_add_ps(v, widen_bf16_masked(delta + m * c + i, k)));
         narrow_store(hr + i, v, k);
       }
       sq = _mm512_fmadd_ps(v, v, sq);
@@ -69,8 +41,8 @@ void rms_norm_rows(uint16_t* h, const uint16_t* delta, const uint16_t* w, uint16
     const __m512 rv = _mm512_set1_ps(r);
     for (int64_t i = 0; i < c; i += 16) {
       const __mmask16 k = tail_mask(c - i);
-      const __m512 v = round_bf16(_mm512_mul_ps(widen_masked(hr + i, k), rv));
-      narrow_store(y + m * c + i, _mm512_mul_ps(widen_masked(w + i, k), v), k);
+      const __m512 v = round_to_bf16(_mm512_mul_ps(widen_bf16_masked(hr + i, k), rv));
+      narrow_store(y + m * c + i, _mm512_mul_ps(widen_bf16_masked(w + i, k), v), k);
     }
   }
 }
@@ -85,10 +57,10 @@ void rotary_rows(const uint16_t* x, int64_t x_stride, const uint16_t* cos, const
       const uint16_t* xr = x + m * x_stride + h * d;
       uint16_t* yr = y + (m * heads + h) * d;
       for (int64_t i = 0; i < d; i += 16) {  // d % 32 == 0: a vector never straddles the halves
-        const __m512 v = widen(xr + i);
-        const __m512 partner = i < half ? _mm512_sub_ps(_mm512_setzero_ps(), widen(xr + i + half)) : widen(xr + i - half);
-        const __m512 a = round_bf16(_mm512_mul_ps(v, widen(cr + i)));
-        const __m512 b = round_bf16(_mm512_mul_ps(partner, widen(sr + i)));
+        const __m512 v = widen_bf16(xr + i);
+        const __m512 partner = i < half ? _mm512_sub_ps(_mm512_setzero_ps(), widen_bf16(xr + i + half)) : widen_bf16(xr + i - half);
+        const __m512 a = round_to_bf16(_mm512_mul_ps(v, widen_bf16(cr + i)));
+        const __m512 b = round_to_bf16(_mm512_mul_ps(partner, widen_bf16(sr + i)));
         narrow_store(yr + i, _mm512_add_ps(a, b));
       }
     }
@@ -101,9 +73,9 @@ void silu_mul_rows(const uint16_t* gate, const uint16_t* up, int64_t stride, uin
   for (int64_t m = begin; m < end; ++m) {
     for (int64_t i = 0; i < f; i += 16) {
       const __mmask16 k = tail_mask(f - i);
-      const __m512 g = widen_masked(gate + m * stride + i, k);
-      const __m512 s = round_bf16(_mm512_div_ps(g, _mm512_add_ps(one, exp_any(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
-      narrow_store(y + m * f + i, _mm512_mul_ps(s, widen_masked(up + m * stride + i, k)), k);
+      const __m512 g = widen_bf16_masked(gate + m * stride + i, k);
+      const __m512 s = round_to_bf16(_mm512_div_ps(g, _mm512_add_ps(one, exp_fp32(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+      narrow_store(y + m * f + i, _mm512_mul_ps(s, widen_bf16_masked(up + m * stride + i, k)), k);
     }
   }
 }

@@ -184,22 +184,8 @@ void vnni_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
 // of 16 weight rows x 32 inputs, unpacked from the nibbles). TDPBSUD C += A . B: signed A,
 // unsigned B.
 inline void configure_q4k_tiles(int rows) {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t : {0, 1, 6, 7}) {
-    cfg.rows[t] = static_cast<uint8_t>(rows);
-    cfg.colsb[t] = 64;
-  }
-  for (int t : {2, 3}) {
-    cfg.rows[t] = static_cast<uint8_t>(rows);
-    cfg.colsb[t] = 32;
-  }
-  for (int t : {4, 5}) {
-    cfg.rows[t] = 8;
-    cfg.colsb[t] = 64;
-  }
-  VS_TILE_LOADCONFIG(&cfg);
+  const TileShape c{rows, 64}, a{rows, 32}, b{8, 64};
+  configure_tiles({c, c, a, a, b, b, c, c});
 }
 
 // Unpacks the codes of block b (record q) into buf and multiplies them into C tiles C0, C1.
@@ -261,31 +247,8 @@ void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
 #undef VS_DRAIN
 
 using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
-
-RowsFn vnni_fn(int64_t rows) {
-  switch (rows) {
-#define VS_CASE(r) \
-  case r:          \
-    return &vnni_rows<r>;
-    VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
-#undef VS_CASE
-    default:
-      return nullptr;
-  }
-}
-
-RowsFn amx_fn(int64_t rows) {
-  switch (rows) {
-#define VS_CASE(r) \
-  case r:          \
-    return &amx_rows<r>;
-    VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
-    VS_CASE(9) VS_CASE(10) VS_CASE(11) VS_CASE(12) VS_CASE(13) VS_CASE(14) VS_CASE(15) VS_CASE(16)
-#undef VS_CASE
-    default:
-      return nullptr;
-  }
-}
+constexpr auto kVnniFns = rows_table<8>([](auto r) { return &vnni_rows<decltype(r)::value>; });
+constexpr auto kAmxFns = rows_table<16>([](auto r) { return &amx_rows<decltype(r)::value>; });
 
 }  // namespace
 
@@ -297,8 +260,8 @@ void q4k_linear(const W8A8Args& a, int64_t begin, int64_t end, int engine) {
   const bool amx = q4k_uses_amx(a.M, engine);
   const int64_t chunk = amx ? kRows : kVnniChunk;
   const int64_t full = a.M / chunk, rest = a.M % chunk;
-  const RowsFn body = amx ? amx_fn(chunk) : vnni_fn(chunk);
-  const RowsFn tail = rest ? (amx ? amx_fn(rest) : vnni_fn(rest)) : nullptr;
+  const RowsFn body = amx ? pick_rows(kAmxFns, chunk) : pick_rows(kVnniFns, chunk);
+  const RowsFn tail = amx ? pick_rows(kAmxFns, rest) : pick_rows(kVnniFns, rest);
   if (amx) {  // one tile configuration per chunk size
     if (full) {
       configure_q4k_tiles(kRows);

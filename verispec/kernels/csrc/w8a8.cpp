@@ -105,25 +105,14 @@ void vnni_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
   for (int m = 0; m < R; ++m) finish_row(a, nb, row0 + m, t[m]);
 }
 
-using VnniFn = void (*)(const W8A8Args&, int64_t, int64_t);
-
-VnniFn vnni_fn(int64_t rows) {
-  switch (rows) {
-#define VS_CASE(r) \
-  case r:          \
-    return &vnni_rows<r>;
-    VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
-#undef VS_CASE
-    default:
-      return nullptr;
-  }
-}
+using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
+constexpr auto kVnniFns = rows_table<8>([](auto r) { return &vnni_rows<decltype(r)::value>; });
 
 // VNNI: every row, 8 at a time over the same block (whose 16 x K bytes are then in L2).
 void vnni_blocks(const W8A8Args& a, int64_t begin, int64_t end) {
   constexpr int kChunk = 8;
   const int64_t full = a.M / kChunk, rest = a.M % kChunk;
-  const VnniFn tail = rest ? vnni_fn(rest) : nullptr;
+  const RowsFn tail = pick_rows(kVnniFns, rest);
   for (int64_t nb = begin; nb < end; ++nb) {
     for (int64_t c = 0; c < full; ++c) vnni_rows<kChunk>(a, nb, c * kChunk);
     if (tail) tail(a, nb, full * kChunk);
@@ -134,18 +123,8 @@ void vnni_blocks(const W8A8Args& a, int64_t begin, int64_t end) {
 // 64 activation bytes), tmm6, tmm7 B (16 groups x 64 weight bytes). TDPBSUD C += A . B: signed A,
 // unsigned B.
 inline void configure_int8_tiles(int rows) {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 6; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(rows);
-    cfg.colsb[t] = 64;
-  }
-  for (int t = 6; t < 8; ++t) {
-    cfg.rows[t] = kRows;
-    cfg.colsb[t] = 64;
-  }
-  VS_TILE_LOADCONFIG(&cfg);
+  const TileShape c{rows, 64}, b{kRows, 64};
+  configure_tiles({c, c, c, c, c, c, b, b});
 }
 
 // Steps s, s + 1 (two activation blocks) into C tiles C0, C1, from zero.
@@ -222,20 +201,7 @@ void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
 #undef VS_PAIR
 #undef VS_DRAIN
 
-using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
-
-RowsFn amx_fn(int64_t rows) {
-  switch (rows) {
-#define VS_CASE(r) \
-  case r:          \
-    return &amx_rows<r>;
-    VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
-    VS_CASE(9) VS_CASE(10) VS_CASE(11) VS_CASE(12) VS_CASE(13) VS_CASE(14) VS_CASE(15) VS_CASE(16)
-#undef VS_CASE
-    default:
-      return nullptr;
-  }
-}
+constexpr auto kAmxFns = rows_table<16>([](auto r) { return &amx_rows<decltype(r)::value>; });
 
 // AMX: every row, 16 at a time (then the rest) over the same block.
 void amx_blocks(const W8A8Args& a, int64_t begin, int64_t end) {
@@ -248,7 +214,7 @@ void amx_blocks(const W8A8Args& a, int64_t begin, int64_t end) {
   }
   if (rest) {
     configure_int8_tiles(rest);
-    const RowsFn fn = amx_fn(rest);
+    const RowsFn fn = pick_rows(kAmxFns, rest);
     for (int64_t nb = begin; nb < end; ++nb) fn(a, nb, full * kRows);
   }
   _tile_release();
@@ -270,11 +236,7 @@ void w8a8_linear(const W8A8Args& a, int64_t begin, int64_t end, int engine) {
 void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale, int32_t* sum, int64_t begin,
                    int64_t end) {
   auto load16 = [&](int64_t m, int64_t i) -> __m512 {
-    if (bf16) {
-      const auto* src = static_cast<const uint16_t*>(x) + m * k + i;
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-    }
+    if (bf16) return widen_bf16(static_cast<const uint16_t*>(x) + m * k + i);
     return _mm512_loadu_ps(static_cast<const float*>(x) + m * k + i);
   };
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
