@@ -142,3 +142,15 @@ def test_load_pair_checks_compatibility(fake: FakeModel, tmp_path: Path) -> None
     write_tiny(other, TinySpec(metadata={"tokenizer.ggml.eot_token_id": start}))  # one more stop id
     with pytest.raises(IncompatibleModelsError, match="stop ids"):
         load_pair(fake.gguf, other)
+
+
+def test_the_draft_precision_defaults_to_int8_where_the_kernels_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verispec.models import loader
+
+    monkeypatch.setattr(loader, "bf16_kernel_usable", lambda: True)
+    assert loader.default_draft_dtype("bf16", "cpu") == "int8"
+    assert loader.default_draft_dtype("int4", "cpu") == "int8"
+    assert loader.default_draft_dtype("fp32", "cpu") == "fp32"  # the exact reference stays exact
+    assert loader.default_draft_dtype("bf16", "cuda") == "bf16"
+    monkeypatch.setattr(loader, "bf16_kernel_usable", lambda: False)
+    assert loader.default_draft_dtype("bf16", "cpu") == "bf16"

@@ -102,3 +102,17 @@ def test_engine_reports_catch_up_only_for_prompts_and_lagging_drafts() -> None:
             seen.append(drafter.last_catchup_tokens)  # type: ignore[union-attr]
     assert seen[0] == 25  # the prompt and the token the prefill produced
     assert all(n <= 2 for n in seen[1:])  # steady state: the last token, plus one after a full acceptance
+
+
+def test_calibration_of_a_model_on_the_kernels_is_keyed_by_their_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cost table measured on torch's path must not steer a model on verispec's kernels (and a
+    change of the kernels' sources measures anew)."""
+    from verispec.kernels import build
+
+    target, _ = tiny_pair(8)
+    plain = calib.fingerprint(target, "tiny")
+    target.cpu_kernels = True
+    monkeypatch.setattr(build, "build_key", lambda: "sources-a")
+    on_kernels = calib.fingerprint(target, "tiny")
+    monkeypatch.setattr(build, "build_key", lambda: "sources-b")
+    assert len({plain, on_kernels, calib.fingerprint(target, "tiny")}) == 3
