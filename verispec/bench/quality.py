@@ -182,6 +182,8 @@ def run_sandboxed(program: str, timeout: float, memory_bytes: int = 1 << 30) -> 
             os.killpg(proc.pid, signal.SIGKILL)  # anything the program left running
     if proc.returncode == 0:
         return {"passed": True, "result": "passed"}
+    if proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL):  # its CPU-time limit ended it first (a busy machine)
+        return {"passed": False, "result": "timed out"}
     lines = err.decode("utf-8", "replace").strip().splitlines()
     return {"passed": False, "result": f"failed: {lines[-1][:200] if lines else f'exit {proc.returncode}'}"}
 
