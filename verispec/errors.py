@@ -14,7 +14,14 @@ class VerispecError(Exception):
 
 
 class ConfigError(VerispecError, ValueError):
-    """An invalid setting or parameter (sampling parameters, draft length, rule options, ...)."""
+    """An invalid setting or parameter (sampling parameters, draft length, rule options, ...).
+
+    ``param`` names the offending parameter when one is to blame (the server reports it in the
+    error body's ``param`` field)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class InputError(VerispecError, ValueError):

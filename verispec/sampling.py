@@ -245,22 +245,20 @@ def _check_logits(logits: Tensor, params: Sequence[SamplingParams]) -> None:
         raise InputError(f"logits must be floating point, got {logits.dtype}")
 
 
-def _raise_bad_row(logits: Tensor, row_max: Tensor, params: Sequence[SamplingParams]) -> None:
-    """Explain the first row whose final logits have no law (rare path: costs what it needs)."""
-    bad = ~torch.isfinite(row_max)
-    row = int(bad.nonzero()[0, 0])
+def _why_no_law(logits: Tensor, row_max: Tensor, params: Sequence[SamplingParams], row: int) -> InputError:
+    """Why row ``row``'s final logits have no law (rare path: costs what it needs)."""
     raw = logits[row]
     if bool(torch.isnan(raw).any() | (raw == float("inf")).any()):
-        raise InputError(
+        return InputError(
             f"logits row {row} contains NaN or +inf; check the model's numerics "
             "(fp16 overflow is the usual cause: run it in fp32 or bf16)"
         )
     if float(row_max[row]) == float("-inf"):
-        raise InputError(
+        return InputError(
             f"every token of row {row} has probability 0 (all logits are -inf after penalties and "
             "logit_bias); remove the -inf biases or the banned tokens"
         )
-    raise InputError(
+    return InputError(
         f"logits of row {row} overflow fp32 after penalties, logit_bias and temperature "
         f"(temperature {params[row].temperature!r}); use temperature=0 for greedy decoding "
         "instead of a vanishing temperature"
@@ -378,12 +376,21 @@ def _top_p(x: Tensor, rows: _Rows) -> Tensor:
     return x
 
 
-def to_probs(logits: Tensor, params: Sequence[SamplingParams], history: TokenHistory | None = None) -> Tensor:
-    """Turn logits into next-token laws, one row per entry of ``params`` (see module docstring).
+@dataclass(frozen=True)
+class Laws:
+    """Next-token laws of many rows, and the rows that have none.
 
-    ``logits`` ``[N, V]`` any float dtype; ``history`` rows align with ``logits`` rows and are
-    required only when a penalty is on. Returns ``[N, V]`` fp32, each row summing to 1.
+    ``probs`` ``[N, V]`` fp32, each row summing to 1, except the rows of ``failed`` (row index ->
+    why), which are all zero: NaN or +inf logits from the model, or every token banned.
     """
+
+    probs: Tensor  # [N, V] fp32
+    failed: dict[int, InputError]
+
+
+def build_laws(logits: Tensor, params: Sequence[SamplingParams], history: TokenHistory | None = None) -> Laws:
+    """:func:`to_probs` that reports the rows without a law instead of raising for the first one,
+    so that a batch can go on without them (the engine ends those requests alone)."""
     _check_logits(logits, params)
     x = logits.to(torch.float32)  # [N, V]
     rows = _Rows(params, x)
@@ -405,15 +412,34 @@ def to_probs(logits: Tensor, params: Sequence[SamplingParams], history: TokenHis
             x = x.masked_fill(probs < min_p * probs.max(dim=1, keepdim=True).values, float("-inf"))
 
     # One host sync: a row whose largest final logit is not finite has no law. NaN or +inf from
-    # the model, fp32 overflow (logits / a vanishing temperature), or every token banned (-inf).
+    # the model, fp32 overflow, or every token banned (-inf).
     row_max = x.amax(dim=1)  # [N]; amax propagates NaN
-    if not bool(torch.isfinite(row_max).all()):
-        _raise_bad_row(logits, row_max, params)
+    finite = torch.isfinite(row_max)  # [N] bool
+    failed: dict[int, InputError] = {}
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()[:, 0].tolist()  # rare path
+        failed = {row: _why_no_law(logits, row_max, params, row) for row in bad}
+        x = torch.where(finite.unsqueeze(1), x, 0.0)  # rows without a law: zeroed below
     probs = torch.softmax(x, dim=1)
     if any_greedy:
         mode = torch.nn.functional.one_hot(x.argmax(dim=1), x.shape[1]).to(torch.float32)
         probs = torch.where(rows.column(lambda p: p.greedy, torch.bool), mode, probs)
-    return probs
+    if failed:
+        probs = probs * finite.unsqueeze(1)
+    return Laws(probs, failed)
+
+
+def to_probs(logits: Tensor, params: Sequence[SamplingParams], history: TokenHistory | None = None) -> Tensor:
+    """Turn logits into next-token laws, one row per entry of ``params`` (see module docstring).
+
+    ``logits`` ``[N, V]`` any float dtype; ``history`` rows align with ``logits`` rows and are
+    required only when a penalty is on. Returns ``[N, V]`` fp32, each row summing to 1; a row
+    without a law raises :class:`InputError` (:func:`build_laws` reports them instead).
+    """
+    laws = build_laws(logits, params, history)
+    if laws.failed:
+        raise laws.failed[min(laws.failed)]
+    return laws.probs
 
 
 def check_probs(probs: Tensor, name: str, used: Tensor | None = None, atol: float = 1e-3) -> None:

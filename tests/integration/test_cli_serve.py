@@ -61,7 +61,7 @@ def test_serve_answers_then_exits_cleanly_on_sigint(tmp_path: Path) -> None:
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         assert httpx.post(f"{url}/v1/chat/completions", json=chat, headers=auth).status_code == 200
         assert httpx.post(f"{url}/v1/chat/completions", json=chat).status_code == 401
-        assert "verispec:spec_decode_num_drafts_total" in httpx.get(f"{url}/metrics").text
+        assert "verispec:spec_decode_num_drafts_total" in httpx.get(f"{url}/metrics", headers=auth).text
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out

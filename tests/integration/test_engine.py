@@ -183,14 +183,15 @@ def test_a_failing_request_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_request_whose_law_cannot_be_built_fails_alone() -> None:
-    """A vanishing temperature overflows fp32 in to_probs: that row fails, the batch goes on."""
+    """Every token banned leaves no law (for the draft and the target alike): that row fails, the
+    batch goes on."""
     target, _ = tiny_pair(8)
     e = engine("model")
     good = SamplingParams(temperature=0, max_tokens=8)
-    bad = SamplingParams(temperature=1e-40, max_tokens=8)
+    bad = SamplingParams(temperature=0.7, max_tokens=8, logit_bias=dict.fromkeys(range(8), float("-inf")))
     ids = [e.add_request(p, bad if i == 2 else good) for i, p in enumerate(PROMPTS)]
     finals = {o.request_id: o for o in e.run() if o.finished}
-    assert finals[ids[2]].finish_reason == "error" and "overflow" in (finals[ids[2]].error or "")
+    assert finals[ids[2]].finish_reason == "error" and "probability 0" in (finals[ids[2]].error or "")
     for i, (rid, prompt) in enumerate(zip(ids, PROMPTS, strict=True)):
         if i != 2:
             assert finals[rid].token_ids == plain_greedy(target, prompt, 8)

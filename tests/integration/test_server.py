@@ -3,6 +3,7 @@ server on a tiny pair built in code; answers equal the engine's; errors, limits,
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -51,6 +52,7 @@ def spec_of(out) -> dict:
         "mean_acceptance_length": s.mean_acceptance_length,
         "accepted_per_pos": list(s.accepted_per_pos),
         "lossless": True,
+        "warnings": [],
     }
 
 
@@ -146,8 +148,22 @@ def test_models_health_and_unknown_model(client, live) -> None:
         ("/v1/completions", b"\xff\xfe\x00", 400, "not valid JSON"),
         ("/v1/completions", b"[1, 2]", 400, "JSON object"),
         ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "'temperature'"),
-        ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "'temperature'"),
-        ("/v1/completions", {"prompt": "x", "temperature": 1e-9}, 400, "use 0 for greedy"),
+        ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature must be 0 (greedy) or in"),
+        ("/v1/completions", {"prompt": "x", "temperature": 1e-9}, 400, "temperature=0 for greedy"),
+        ("/v1/completions", {"prompt": "x", "temperature": 1e39}, 400, "temperature must be 0 (greedy) or in"),
+        ("/v1/completions", {"prompt": "x", "presence_penalty": 1e39}, 400, "presence_penalty must be in"),
+        ("/v1/completions", {"prompt": "x", "repetition_penalty": 1e-46}, 400, "repetition_penalty must be in"),
+        ("/v1/completions", {"prompt": "x", "logit_bias": {"1": 1e39}}, 400, "logit_bias[1] must be in"),
+        ("/v1/completions", {"prompt": "x", "seed": 2**64}, 400, "seed must be in"),
+        ("/v1/completions", {"prompt": "x\ud800"}, 400, "lone surrogate"),
+        ("/v1/completions", {"prompt": "x", "stop": ["\udfff"]}, 400, "lone surrogate"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud83d"}]}, 400, "lone surrogate"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud83d"}]}]},
+            400,
+            "lone surrogate",
+        ),
         ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "'max_tokens'"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 10**6}, 400, "at most"),
@@ -173,10 +189,8 @@ def test_models_health_and_unknown_model(client, live) -> None:
     ],
 )
 def test_bad_requests_get_openai_errors(live, path: str, body, status: int, needle: str) -> None:
-    if isinstance(body, bytes):
-        r = httpx.post(live.url + path, content=body, headers={"content-type": "application/json"})
-    else:
-        r = httpx.post(live.url + path, json=body)
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()  # lone surrogates go out escaped
+    r = httpx.post(live.url + path, content=content, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -185,7 +199,9 @@ def test_bad_requests_get_openai_errors(live, path: str, body, status: int, need
 
 
 def test_transport_level_errors(live) -> None:
-    r = httpx.post(f"{live.url}/v1/completions", content=b"x" * (5 * 2**20))
+    r = httpx.post(
+        f"{live.url}/v1/completions", content=b"x" * (5 * 2**20), headers={"content-type": "application/json"}
+    )
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(f"{live.url}/v1/completions")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
@@ -245,8 +261,11 @@ def test_api_key() -> None:
         assert httpx.get(f"{server.url}/v1/models").status_code == 401
         ok = httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
-        assert httpx.get(f"{server.url}/health").status_code == 200  # probes and scrapers need no key
-        assert httpx.get(f"{server.url}/metrics").status_code == 200
+        assert httpx.get(f"{server.url}/health").status_code == 200  # probes need no key
+        assert httpx.get(f"{server.url}/metrics").status_code == 401  # scrapers do (unless --public-metrics)
+        assert httpx.get(f"{server.url}/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        for path in ("/docs", "/redoc", "/openapi.json"):  # the API's description is closed with a key
+            assert httpx.get(f"{server.url}{path}", headers={"Authorization": "Bearer s3cret"}).status_code == 404
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0).models.list()
         good = openai.OpenAI(base_url=f"{server.url}/v1", api_key="s3cret", max_retries=0)

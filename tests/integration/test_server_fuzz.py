@@ -55,7 +55,7 @@ messages = st.lists(
 @pytest.fixture(scope="module")
 def client():
     app = create_app(tiny_engine(max_batch=4, max_len=96), ServerConfig(max_tokens_limit=3, max_body_bytes=1 << 16))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as c:
         yield c
 
 

@@ -12,12 +12,15 @@ import random
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from verispec.config import SamplingParams, SpecConfig
 from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.sampling import (
     TokenHistory,
+    build_laws,
     generator_blocks,
     inverse_cdf,
     make_generator,
@@ -666,13 +669,65 @@ def test_to_probs_all_tokens_banned():
         to_probs(torch.full((1, 3), -INF), [SamplingParams(temperature=0)])
 
 
-def test_to_probs_vanishing_temperature_is_an_error_not_nan():
-    """Regression: temperature=1e-40 passes validation but logits / T overflow fp32 -> NaN law."""
-    for t in (1e-40, 1e-50):
-        with pytest.raises(InputError, match=r"overflow.*temperature=0"):
-            to_probs(torch.tensor([[1.0, 2.0, 0.0]]), [SamplingParams(temperature=t)])
+def test_to_probs_overflow_is_an_error_not_nan():
+    """Logits far beyond any model's (1e37) over a small temperature overflow fp32: an InputError
+    that names the cause, never a NaN law."""
+    with pytest.raises(InputError, match=r"overflow.*temperature=0"):
+        to_probs(torch.tensor([[1e37, 2.0, 0.0]]), [SamplingParams(temperature=1e-3)])
     # a small but sane temperature is fine and gives (nearly) the argmax
     assert_law(probs_of([1.0, 2.0, 0.0], SamplingParams(temperature=1e-3)), np.array([0, 1, 0.0]))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        # finite in Python's float64, but infinite or zero in fp32: each poisoned a decode step
+        {"temperature": 1e-40}, {"temperature": 5e-324}, {"temperature": 1e39}, {"temperature": 1e300},
+        {"presence_penalty": 1e39}, {"frequency_penalty": -1e39}, {"presence_penalty": 2.5},
+        {"repetition_penalty": 1e-46}, {"repetition_penalty": 1e39}, {"logit_bias": {1: 1e39}},
+        {"logit_bias": {1: -101.0}}, {"top_k": 2**63}, {"seed": 2**64}, {"max_tokens": 2**40},
+    ],
+)  # fmt: skip
+def test_sampling_params_refuse_values_fp32_cannot_hold(kwargs):
+    with pytest.raises(ConfigError) as info:
+        SamplingParams(**kwargs)
+    assert info.value.param == next(iter(kwargs))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    temperature=st.floats(allow_nan=True, allow_infinity=True),
+    penalty=st.floats(allow_nan=True, allow_infinity=True),
+    repetition=st.floats(allow_nan=True, allow_infinity=True),
+    bias=st.floats(allow_nan=True, allow_infinity=True),
+)
+def test_every_accepted_sampling_params_gives_a_law(temperature, penalty, repetition, bias):
+    """The property behind the ranges: whatever SamplingParams accepts, to_probs turns real-model
+    logits (and a long history) into a law; nothing it accepts overflows fp32."""
+    try:
+        params = SamplingParams(
+            temperature=temperature, presence_penalty=penalty, frequency_penalty=penalty,
+            repetition_penalty=repetition, logit_bias={0: bias, 2: -bias},
+        )  # fmt: skip
+    except ConfigError:
+        return
+    logits = torch.tensor([[40.0, -40.0, 0.0, 1e-30, -1e4]])
+    history = TokenHistory.from_ids([[0, 1]], [[0] * 4000 + [3]], 5)
+    laws = build_laws(logits, [params], history)
+    if laws.failed:  # only a deliberate ban of every token (+-inf biases) may leave no law
+        assert math.isinf(bias)
+        return
+    assert torch.isfinite(laws.probs).all() and abs(float(laws.probs.sum()) - 1.0) < 1e-5
+
+
+def test_build_laws_reports_rows_without_a_law_and_keeps_the_others():
+    logits = torch.tensor([[1.0, 2.0, 0.0], [float("nan"), 0.0, 0.0], [0.5, 0.5, 0.0]])
+    params = [SamplingParams(), SamplingParams(), SamplingParams(logit_bias={0: -INF, 1: -INF, 2: -INF})]
+    laws = build_laws(logits, params)
+    assert sorted(laws.failed) == [1, 2]
+    assert "NaN" in str(laws.failed[1]) and "every token of row 2" in str(laws.failed[2])
+    assert torch.equal(laws.probs[0], to_probs(logits[:1], params[:1])[0])
+    assert (laws.probs[1:] == 0).all()
 
 
 def test_to_probs_penalties_need_history():
@@ -707,21 +762,21 @@ def test_error_classes_are_value_errors():
         ({"top_p": 1.5}, r"\(0, 1\]"),
         ({"top_p": -0.2}, r"\(0, 1\]"),
         ({"top_p": float("nan")}, "finite"),
-        ({"top_k": -1}, ">= 0"),
+        ({"top_k": -1}, r"\[0, 2147483647\]"),
         ({"top_k": 2.0}, "integer"),
         ({"top_k": True}, "integer"),
         ({"min_p": -0.01}, r"\[0, 1\]"),
         ({"min_p": 1.01}, r"\[0, 1\]"),
         ({"min_p": float("nan")}, "finite"),
-        ({"repetition_penalty": 0.0}, "> 0"),
-        ({"repetition_penalty": -1.0}, "> 0"),
+        ({"repetition_penalty": 0.0}, r"\[0.001, 1000\]"),
+        ({"repetition_penalty": -1.0}, r"\[0.001, 1000\]"),
         ({"repetition_penalty": float("nan")}, "finite"),
         ({"presence_penalty": float("nan")}, "finite"),
         ({"frequency_penalty": INF}, "finite"),
-        ({"max_tokens": 0}, ">= 1"),
+        ({"max_tokens": 0}, r"\[1, "),
         ({"max_tokens": True}, "integer"),
         ({"max_tokens": 3.0}, "integer"),
-        ({"seed": -1}, ">= 0"),
+        ({"seed": -1}, r"\[0, 2\*\*64 - 1\]"),
         ({"seed": True}, "integer"),
         ({"logit_bias": {-1: 1.0}}, "token ids >= 0"),
         ({"logit_bias": {True: 1.0}}, "token ids >= 0"),

@@ -12,7 +12,9 @@ one batched pass, then one pass per further draft token. After verification the 
 committed prefix and drops what the target rejected (O(1)). A new request's prompt is fed by its
 first proposal, batched with the other requests' pending tokens.
 
-Rows that draft nothing this step are not run and consume no randomness.
+Rows that draft nothing this step are not run and consume no randomness. A row whose draft law
+cannot be built (NaN draft logits, every token banned) stops drafting at that position; the
+other rows are untouched.
 
 A cheaper draft head (``head_size``): the draft's LM head is often a large share of its cost (for
 Qwen2.5-0.5B, 136M of 494M parameters). With ``head_size = N`` the drafter computes logits only for
@@ -34,7 +36,7 @@ from torch import Tensor
 from verispec.drafters.base import BatchView
 from verispec.errors import ConfigError, InputError
 from verispec.models.protocol import LanguageModel
-from verispec.sampling import TokenHistory, sample, to_probs
+from verispec.sampling import TokenHistory, build_laws, sample
 from verispec.verify.base import PAD_ID, Draft
 
 
@@ -216,7 +218,14 @@ class ModelDrafter:
                     torch.stack([histories[j].output_counts[0] for j in active]),
                     torch.stack([histories[j].prompt_mask[0] for j in active]),
                 ).extended(self._drafted_matrix([drafted[rows[j]] for j in active], i))
-            law = to_probs(logits, params, hist)  # [A, V]
+            built = build_laws(logits, params, hist)  # [A, V]
+            law = built.probs
+            if built.failed:  # a row without a draft law stops drafting here; the others go on
+                ok = [a for a in range(len(active)) if a not in built.failed]
+                law = law[ok]
+                active = [active[a] for a in ok]
+                if not active:
+                    break
             tokens = sample(law, [batch.generators[rows[j]] for j in active]).tolist()  # host: next feed
             for a, j in enumerate(active):
                 b = rows[j]

@@ -33,14 +33,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from verispec.config import EngineConfig, SamplingParams
+from verispec.config import EngineConfig, SamplingParams, check_text
 from verispec.drafters.base import BatchView, Drafter
 from verispec.engine.policy import DraftPolicy, make_policy
 from verispec.engine.request import Request, RequestOutput
 from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.models.protocol import LanguageModel
 from verispec.models.tokenizer import Tokenizer
-from verispec.sampling import TokenHistory, make_generator, to_probs
+from verispec.sampling import Laws, TokenHistory, build_laws, make_generator
 from verispec.verify import Draft, make_rule
 
 #: Context tokens a drafter feeds before drafting in steady state: the last committed token, plus
@@ -122,6 +122,7 @@ class Engine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ConfigError("this engine has no tokenizer: pass the prompt as token ids")
+            check_text("prompt", prompt)
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             ids = [int(t) for t in prompt]
@@ -271,7 +272,11 @@ class Engine:
                 [r.request_id for r in batch], [r.context for r in batch], [r.params for r in batch],
                 [r.generator for r in batch], free,
             )  # fmt: skip
-            draft = self.drafter.propose(view, ks)
+            try:
+                draft = self.drafter.propose(view, ks)
+            except Exception:  # a drafter fault costs this step its draft, never a request its life
+                log.exception("the drafter failed; this step decodes without a draft")
+                draft = self._empty_draft(len(batch))
         else:
             draft = self._empty_draft(len(batch))
         drafted = time.perf_counter()
@@ -320,11 +325,37 @@ class Engine:
         self, logits: Tensor, batch: list[Request], draft: Draft
     ) -> tuple[list[int], list[list[int]], dict[int, VerispecError]]:
         """Laws and verdicts for the batch: accepted counts and output tokens per row, and the rows
-        that failed. A row whose laws cannot be built (NaN logits, an overflowing temperature, ...)
-        fails alone: the others are judged again without it (their randomness is untouched, as no
-        draw happens before every law is built)."""
+        that failed. A row whose laws cannot be built (NaN logits, every token banned, ...) fails
+        alone and the others are judged without it; their randomness is untouched, as each request
+        draws only from its own generator."""
+        b, t, _ = logits.shape
+        laws = self._laws(logits, batch, draft)
+        failed: dict[int, VerispecError] = {}
+        for row, exc in sorted(laws.failed.items()):
+            failed.setdefault(row // t, exc)
+        keep = [i for i in range(b) if i not in failed]
+        accepted: list[int] = [0] * b
+        rows: list[list[int]] = [[] for _ in range(b)]
+        if not keep:
+            return accepted, rows, failed
+        probs = laws.probs.reshape(b, t, -1)
+        if failed:
+            index = torch.tensor(keep, device=probs.device)
+            probs, draft = probs.index_select(0, index), self._draft_rows(draft, keep)
+        kept, kept_rows, bad = self._verify(draft, probs, [batch[i] for i in keep])
+        for j, i in enumerate(keep):
+            accepted[i], rows[i] = kept[j], kept_rows[j]
+            if j in bad:
+                failed[i] = bad[j]
+        return accepted, rows, failed
+
+    def _verify(
+        self, draft: Draft, probs: Tensor, batch: list[Request]
+    ) -> tuple[list[int], list[list[int]], dict[int, VerispecError]]:
+        """The rule's verdict on ``probs`` ``[B, K + 1, V]``; if it refuses the batch (a draft whose
+        reported law is not a law, ...), each row again on its own, so that only the culprit fails."""
         try:
-            verdict = self.rule.verify(draft, self._laws(logits, batch, draft), [r.generator for r in batch])
+            verdict = self.rule.verify(draft, probs, [r.generator for r in batch])
             return verdict.num_accepted.tolist(), verdict.tokens(), {}
         except VerispecError as exc:
             if len(batch) == 1:
@@ -333,17 +364,22 @@ class Engine:
         rows: list[list[int]] = []
         failed: dict[int, VerispecError] = {}
         for i, req in enumerate(batch):
-            probs = None if draft.probs is None else draft.probs[i : i + 1]
-            one = Draft(draft.token_ids[i : i + 1], draft.num_tokens[i : i + 1], probs)
-            a, r, bad = self._judge(logits[i : i + 1], [req], one)
+            a, r, bad = self._verify(self._draft_rows(draft, [i]), probs[i : i + 1], [req])
             accepted.append(a[0])
             rows.append(r[0])
             if bad:
                 failed[i] = bad[0]
         return accepted, rows, failed
 
-    def _laws(self, logits: Tensor, batch: list[Request], draft: Draft) -> Tensor:
-        """``[B, K + 1, V]`` target laws for ``logits`` ``[B, K + 1, V]`` (the one to_probs path)."""
+    @staticmethod
+    def _draft_rows(draft: Draft, rows: list[int]) -> Draft:
+        index = torch.tensor(rows, device=draft.token_ids.device)
+        probs = None if draft.probs is None else draft.probs.index_select(0, index.to(draft.probs.device))
+        return Draft(draft.token_ids.index_select(0, index), draft.num_tokens.index_select(0, index), probs)
+
+    def _laws(self, logits: Tensor, batch: list[Request], draft: Draft) -> Laws:
+        """Target laws of the ``B * (K + 1)`` rows of ``logits`` ``[B, K + 1, V]`` (the one
+        to_probs path), with the rows that have none."""
         b, t, v = logits.shape
         cut_vocab(logits, self.vocab_limit)
         params = [r.params for r in batch for _ in range(t)]
@@ -352,7 +388,7 @@ class Engine:
             rows = [r.history if r.history is not None else self._blank_history() for r in batch]
             base = TokenHistory(torch.cat([h.output_counts for h in rows]), torch.cat([h.prompt_mask for h in rows]))
             history = base.for_verification(draft.token_ids.to(logits.device)) if t > 1 else base
-        return to_probs(logits.reshape(b * t, v), params, history).reshape(b, t, v)
+        return build_laws(logits.reshape(b * t, v), params, history)
 
     def _blank_history(self) -> TokenHistory:
         zeros = torch.zeros((1, self.vocab_size), dtype=torch.int32, device=self.target.device)

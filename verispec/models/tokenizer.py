@@ -21,7 +21,9 @@ that is not in NFC (e.g. "e" + combining acute instead of "é") tokenizes differ
 the original Hugging Face tokenizer. Pass ``nfc=True`` to :meth:`Tokenizer.from_gguf` to add it.
 
 Chat templates render the way transformers renders them (sandboxed Jinja, ``trim_blocks``,
-``lstrip_blocks``, ``loopcontrols``, a ``tojson`` that keeps non-ASCII, ``raise_exception``).
+``lstrip_blocks``, ``loopcontrols``, a ``tojson`` that keeps non-ASCII, ``raise_exception``), in a
+child process with time, memory and output limits (:mod:`verispec.models.chat_template`): a
+template comes with a model file and is code written by someone else.
 """
 
 from __future__ import annotations
@@ -29,10 +31,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
@@ -40,6 +41,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
 from verispec.errors import InputError, ModelLoadError, UnsupportedModelError
+from verispec.models.chat_template import RENDERER
 from verispec.models.gguf_file import GGUFFile
 
 #: Qwen2 / Qwen2.5 pre-tokenizer split (Qwen's tokenizer.json; llama.cpp pre = "qwen2").
@@ -185,34 +187,6 @@ def build_gguf_backend(file: GGUFFile, *, nfc: bool = False) -> BackendTokenizer
     return backend
 
 
-def _raise_exception(message: str) -> NoReturn:
-    from jinja2.exceptions import TemplateError
-
-    raise TemplateError(message)
-
-
-def _tojson(
-    x: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-@lru_cache(maxsize=8)
-def _compile_template(source: str) -> Any:
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
-
-
 class Tokenizer:
     """Text <-> token ids for one model, plus its chat template and its end-of-generation ids.
 
@@ -330,8 +304,10 @@ class Tokenizer:
         **extra: Any,
     ) -> str:
         """The prompt text for ``messages`` (``[{"role": ..., "content": ...}, ...]``), rendered
-        with the model's chat template as transformers does; encode it with
-        ``add_special_tokens=False``. ``extra`` goes to the template as variables."""
+        with the model's chat template as transformers does, in a child process with time, memory
+        and output limits (:mod:`verispec.models.chat_template`); encode it with
+        ``add_special_tokens=False``. ``extra`` goes to the template as variables (JSON data).
+        Raises :class:`~verispec.models.chat_template.ChatTemplateError` when it fails."""
         if self.chat_template is None:
             raise InputError("this tokenizer has no chat template; format the prompt yourself")
         specials = {
@@ -343,18 +319,10 @@ class Tokenizer:
             )
             if i is not None
         }
-        plain = json.loads(json.dumps(list(messages)))  # plain dicts; the caller's stay untouched
+        plain = json.loads(json.dumps(list(messages)))  # plain JSON data; the caller's stay untouched
         plain_tools = json.loads(json.dumps(list(tools))) if tools is not None else None
-        template = _compile_template(self.chat_template)
-        return str(
-            template.render(
-                messages=plain,
-                tools=plain_tools,
-                add_generation_prompt=add_generation_prompt,
-                **specials,
-                **extra,
-            )
-        )
+        variables = {"messages": plain, "tools": plain_tools, "add_generation_prompt": add_generation_prompt}
+        return RENDERER.render(self.chat_template, variables | specials | extra)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

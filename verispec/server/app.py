@@ -1,7 +1,12 @@
 """The OpenAI-compatible HTTP API: parse, hand to the engine, stream back. Nothing else.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming or not),
-``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). Request fields are described in
+``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). The security model: JSON
+endpoints take only ``Content-Type: application/json`` bodies (415 otherwise: no cross-origin
+form or ``text/plain`` POST from a web page); the ``Host`` header is checked against DNS
+rebinding (:mod:`verispec.server.hosts`); with an API key, ``/v1/*`` and ``/metrics`` need it
+(``public_metrics`` opens ``/metrics``), ``/health`` stays open and ``/docs``, ``/redoc`` and
+``/openapi.json`` are off. Request fields are described in
 :mod:`verispec.server.schemas`, answers in :mod:`verispec.server.responses`, errors in
 :mod:`verispec.server.errors`, metrics in :mod:`verispec.server.metrics`; the engine runs in the
 background thread of :mod:`verispec.server.runner`.
@@ -21,9 +26,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
-import jinja2
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
@@ -37,8 +42,9 @@ from verispec.engine.engine import Engine
 from verispec.engine.request import RequestOutput
 from verispec.errors import VerispecError
 from verispec.server import responses
-from verispec.server.config import ServerConfig
+from verispec.server.config import DEFAULT_BYTES_PER_TOKEN, ServerConfig
 from verispec.server.errors import APIError, error_body, install_error_handlers, validation_error
+from verispec.server.hosts import HostCheck
 from verispec.server.metrics import CONTENT_TYPE, MetricsRecorder, ServerMetrics
 from verispec.server.runner import EngineRunner, QueueFullError, RequestHandle, ShuttingDownError
 from verispec.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -48,10 +54,26 @@ log = logging.getLogger(__name__)
 Model = TypeVar("Model", bound=BaseModel)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+SEED_WARNING = (
+    "seed: this server chooses the draft length per step (--k auto), so a seed fixes the output's "
+    "distribution but not its exact text; serve with a fixed --k for reproducible seeded samples"
+)
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json"
 
 
 async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON, refusing bodies over ``limit`` bytes (413) and malformed JSON (400)."""
+    """The body as JSON, refusing a body not declared ``application/json`` (415: a web page can
+    send a cross-origin ``text/plain`` POST without asking, but not a JSON one), bodies over
+    ``limit`` bytes (413) and malformed JSON (400)."""
+    if not _is_json(request.headers.get("content-type", "")):
+        raise APIError(
+            415, "send the request body as JSON with the header 'Content-Type: application/json'",
+            code="unsupported_media_type",
+        )  # fmt: skip
     too_large = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -116,9 +138,10 @@ async def final_or_disconnect(handle: RequestHandle, request: Request) -> Reques
     return result.result() if result in done else None
 
 
-def _failure(out: RequestOutput) -> APIError | None:
+def _failure(out: RequestOutput, retry_after: int) -> APIError | None:
     if out.finish_reason == "abort":
-        return APIError(503, out.error or "the request was aborted", code="shutting_down")
+        retry = {"Retry-After": str(retry_after)}
+        return APIError(503, out.error or "the request was aborted", code="shutting_down", headers=retry)
     if out.finish_reason == "error":
         return APIError(500, f"generation failed: {out.error}", code="engine_error")
     return None
@@ -136,28 +159,44 @@ class Server:
         max_len = engine.config.max_len
         self.max_prompt_tokens = min(config.max_prompt_tokens or max_len - 1, max_len - 1)
         self.max_tokens_limit = min(config.max_tokens_limit or max_len - 1, max_len - 1)
+        self.max_prompt_bytes = config.max_prompt_bytes or DEFAULT_BYTES_PER_TOKEN * self.max_prompt_tokens
+        # With K chosen per step, a seed fixes the law but not the text (a different K spends the
+        # randomness differently): say so in every seeded answer.
+        self.seed_warning = engine.drafter is not None and engine.config.num_draft_tokens is None
         self.created = int(time.time())
 
     # ----------------------------------------------------------------------- endpoints
     async def completions(self, request: Request) -> Response:
         req = parse(CompletionRequest, await read_json(request, self.config.max_body_bytes))
         model = self._model(req.model)
+        params = req.sampling_params(1)  # every parameter checked before any work on the prompt
         prompt = req.prompt
         if isinstance(prompt, str):
             tokenizer = self.engine.tokenizer
             if tokenizer is None:
                 raise APIError(400, "this server has no tokenizer: send the prompt as token ids", param="prompt")
-            ids = await asyncio.to_thread(tokenizer.encode, prompt, True)
+            self._check_prompt_bytes(len(prompt.encode()), "prompt")
+            ids = await asyncio.to_thread(tokenizer.encode, prompt, True)  # releases the GIL
         else:
             ids = list(prompt)
-        return await self._generate("completion", request, req, ids, model, "prompt")
+        return await self._generate("completion", request, req, params, ids, model, "prompt")
 
     async def chat_completions(self, request: Request) -> Response:
-        req = parse(ChatCompletionRequest, await read_json(request, self.config.max_body_bytes))
+        data = await read_json(request, self.config.max_body_bytes)
+        if isinstance(data, dict) and isinstance(data.get("messages"), list):
+            count = len(data["messages"])
+            if count > self.config.max_messages:
+                raise APIError(
+                    400, f"the chat has {count} messages; this server accepts at most {self.config.max_messages}",
+                    param="messages", code="context_length_exceeded",
+                )  # fmt: skip
+        req = parse(ChatCompletionRequest, data)
         model = self._model(req.model)
+        params = req.sampling_params(1)
         messages = [m.as_template_input() for m in req.messages]
+        self._check_prompt_bytes(sum(len(str(m["content"]).encode()) for m in messages), "messages")
         ids = await asyncio.to_thread(self._chat_ids, messages)
-        return await self._generate("chat", request, req, ids, model, "messages")
+        return await self._generate("chat", request, req, params, ids, model, "messages")
 
     async def models(self) -> dict[str, Any]:
         max_len = self.engine.config.max_len
@@ -188,6 +227,15 @@ class Server:
             )  # fmt: skip
         return asked
 
+    def _check_prompt_bytes(self, size: int, param: str) -> None:
+        """Refuse prompt text that cannot fit before tokenizing it (tokenizing megabytes costs
+        seconds and memory that outlives the request)."""
+        if size > self.max_prompt_bytes:
+            raise APIError(
+                400, f"the prompt text has {size} bytes; this server accepts at most {self.max_prompt_bytes} "
+                f"(about {self.max_prompt_tokens} tokens); shorten it", param=param, code="context_length_exceeded",
+            )  # fmt: skip
+
     def _chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         tokenizer = self.engine.tokenizer
         if tokenizer is None or not tokenizer.chat_template:
@@ -197,14 +245,16 @@ class Server:
             )  # fmt: skip
         try:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except (jinja2.TemplateError, VerispecError, TypeError, ValueError) as exc:
+        except VerispecError as exc:
             raise APIError(400, f"the chat template rejected these messages: {exc}", param="messages") from None
+        self._check_prompt_bytes(len(text.encode()), "messages")
         return tokenizer.encode(text, add_special_tokens=False)
 
     def _params_for(
-        self, req: CompletionRequest | ChatCompletionRequest, num_prompt: int, param: str
+        self, req: CompletionRequest | ChatCompletionRequest, params: SamplingParams, num_prompt: int, param: str
     ) -> SamplingParams:
-        """The engine's parameters, after the prompt and max_tokens limits (400s naming the field)."""
+        """``params`` with the request's max_tokens, after the prompt and max_tokens limits (400s
+        naming the field)."""
         max_len = self.engine.config.max_len
         context = APIError(
             400, f"the prompt has {num_prompt} tokens; this server accepts at most {self.max_prompt_tokens} "
@@ -230,18 +280,20 @@ class Server:
             )  # fmt: skip
         else:
             max_tokens = asked
-        return req.sampling_params(max_tokens)
+        return replace(params, max_tokens=max_tokens)
 
     async def _generate(
         self,
         kind: responses.Kind,
         request: Request,
         req: CompletionRequest | ChatCompletionRequest,
+        params: SamplingParams,
         ids: list[int],
         model: str,
         param: str,
     ) -> Response:
-        params = self._params_for(req, len(ids), param)
+        params = self._params_for(req, params, len(ids), param)
+        warnings = (SEED_WARNING,) if self.seed_warning and params.seed is not None and not params.greedy else ()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         retry = {"Retry-After": str(self.config.retry_after_seconds)}
         try:
@@ -254,15 +306,15 @@ class Server:
             raise APIError(503, str(exc), code="shutting_down", headers=retry) from None
         created = int(time.time())
         if req.stream:
-            writer = responses.ChunkWriter(kind, request_id, created, model, req.include_usage)
+            writer = responses.ChunkWriter(kind, request_id, created, model, req.include_usage, warnings)
             return EngineStreamResponse(self._events(writer, handle), handle)
         final = await final_or_disconnect(handle, request)
         if final is None:
             return Response(status_code=499)  # the client has gone; nobody reads this
-        failure = _failure(final)
+        failure = _failure(final, self.config.retry_after_seconds)
         if failure is not None:
             raise failure
-        return JSONResponse(responses.response(kind, request_id, created, model, final))
+        return JSONResponse(responses.response(kind, request_id, created, model, final, warnings))
 
     async def _events(self, writer: responses.ChunkWriter, handle: RequestHandle) -> AsyncIterator[bytes]:
         try:
@@ -270,7 +322,7 @@ class Server:
             if first is not None:
                 yield first
             async for out in handle.outputs():
-                failure = _failure(out)
+                failure = _failure(out, self.config.retry_after_seconds)
                 if failure is not None:
                     yield responses.event(error_body(failure.status, failure.message, code=failure.code))
                     break
@@ -330,13 +382,21 @@ def create_app(
         finally:
             await server.runner.shutdown(config.shutdown_grace_seconds)
 
-    app = FastAPI(title="verispec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
+    closed = config.api_key is not None  # with a key, the API's description is not public either
+    app = FastAPI(
+        title="verispec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan,
+        docs_url=None if closed else "/docs", redoc_url=None if closed else "/redoc",
+        openapi_url=None if closed else "/openapi.json",
+    )  # fmt: skip
     app.state.server = server
+    app.add_middleware(HostCheck, allowed_hosts=config.allowed_hosts)
     install_error_handlers(app)
     auth = [Depends(_auth(config.api_key))]
     app.add_api_route("/v1/completions", server.completions, methods=["POST"], dependencies=auth)
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"], dependencies=auth)
     app.add_api_route("/v1/models", server.models, methods=["GET"], dependencies=auth)
     app.add_api_route("/health", server.health, methods=["GET"])
-    app.add_api_route("/metrics", server.prometheus, methods=["GET"])
+    app.add_api_route(
+        "/metrics", server.prometheus, methods=["GET"], dependencies=[] if config.public_metrics else auth
+    )
     return app

@@ -117,7 +117,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc)
 
     async def on_verispec_error(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(APIError(400, str(exc)))
+        return error_response(APIError(400, str(exc), param=getattr(exc, "param", None)))
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError | ValidationError)

@@ -10,7 +10,9 @@ definitions (:mod:`verispec.metrics`)::
 ``drafts``: verification steps that checked at least one draft token; ``drafted`` / ``accepted``:
 draft tokens proposed / accepted; ``acceptance_rate`` = accepted / drafted; ``mean_acceptance_length``
 = 1 + accepted / drafts (output tokens per target pass); ``accepted_per_pos[i]``: steps whose first
-``i + 1`` draft tokens were all accepted; ``lossless``: false only for a lossy acceptance rule.
+``i + 1`` draft tokens were all accepted; ``lossless``: false only for a lossy acceptance rule;
+``warnings``: what the client should know about this answer (today: a ``seed`` given while the
+server chooses the draft length per step, which keeps the output's law but not its exact text).
 
 Streaming sends ``data: {chunk}\\n\\n`` events and ends with ``data: [DONE]``. The chunk that carries
 ``finish_reason`` also carries ``usage`` and ``spec``; with ``stream_options.include_usage`` one more
@@ -28,7 +30,7 @@ from verispec.engine.request import RequestOutput
 Kind = Literal["completion", "chat"]
 
 
-def spec_object(out: RequestOutput) -> dict[str, Any]:
+def spec_object(out: RequestOutput, warnings: tuple[str, ...] = ()) -> dict[str, Any]:
     stats = out.stats
     return {
         "drafts": stats.num_drafts,
@@ -38,6 +40,7 @@ def spec_object(out: RequestOutput) -> dict[str, Any]:
         "mean_acceptance_length": stats.mean_acceptance_length,
         "accepted_per_pos": list(stats.accepted_per_pos),
         "lossless": out.lossless,
+        "warnings": list(warnings),
     }
 
 
@@ -50,7 +53,9 @@ def usage_object(out: RequestOutput) -> dict[str, int]:
     }
 
 
-def response(kind: Kind, request_id: str, created: int, model: str, out: RequestOutput) -> dict[str, Any]:
+def response(
+    kind: Kind, request_id: str, created: int, model: str, out: RequestOutput, warnings: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The whole answer of a non-streaming request."""
     if kind == "chat":
         choice: dict[str, Any] = {
@@ -71,15 +76,19 @@ def response(kind: Kind, request_id: str, created: int, model: str, out: Request
         "system_fingerprint": None,
         "choices": [choice],
         "usage": usage_object(out),
-        "spec": spec_object(out),
+        "spec": spec_object(out, warnings),
     }
 
 
 class ChunkWriter:
     """Streaming chunks of one request, as SSE event bytes."""
 
-    def __init__(self, kind: Kind, request_id: str, created: int, model: str, include_usage: bool) -> None:
+    def __init__(
+        self, kind: Kind, request_id: str, created: int, model: str, include_usage: bool,
+        warnings: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
         self.kind = kind
+        self.warnings = warnings
         self.request_id = request_id
         self.created = created
         self.model = model
@@ -110,9 +119,10 @@ class ChunkWriter:
             choice = {"index": 0, "text": out.new_text, "logprobs": None, "finish_reason": out.finish_reason}
         if not out.finished:
             return [self._chunk([choice])]
-        events = [self._chunk([choice], usage=usage_object(out), spec=spec_object(out))]
+        spec = spec_object(out, self.warnings)
+        events = [self._chunk([choice], usage=usage_object(out), spec=spec)]
         if self.include_usage:
-            events.append(self._chunk([], usage=usage_object(out), spec=spec_object(out)))
+            events.append(self._chunk([], usage=usage_object(out), spec=spec))
         return events
 
 

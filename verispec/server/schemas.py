@@ -10,13 +10,13 @@ string or a list of ``{"type": "text"}`` parts; role ``developer`` is passed to 
 ``system``).
 
 Values are checked by type without coercion (``"0.5"`` is not a number, ``true`` is not 1), then
-by :class:`~verispec.config.SamplingParams`. A few ranges are narrower than the engine's, so that
-no request can make the shared batch's logits overflow fp32: temperature 0 (greedy) or at least
-``MIN_TEMPERATURE``; repetition_penalty in ``[0.01, 100]``; presence and frequency penalties in
-``[-2, 2]`` and logit_bias values in ``[-100, 100]`` (OpenAI's ranges). Unknown fields are
-refused (OpenAI does the same), and fields the server does not implement (``logprobs``,
-``echo``, ``suffix``, ``best_of`` > 1, tools, JSON response formats) are refused unless they hold
-their default value, so that nobody gets a silently different answer than the one asked for.
+by :class:`~verispec.config.SamplingParams`, which holds every numeric parameter to the range
+its fp32 arithmetic can hold (the same ranges for the CLI and the Python API; an error names the
+field). Text (prompts, message content, stop strings) must be valid Unicode: a lone surrogate
+(``"\\ud800"``) is a 400. Unknown fields are refused (OpenAI does the same), and fields the server
+does not implement (``logprobs``, ``echo``, ``suffix``, ``best_of`` > 1, tools, JSON response
+formats) are refused unless they hold their default value, so that nobody gets a silently
+different answer than the one asked for.
 """
 
 from __future__ import annotations
@@ -25,12 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from verispec.config import SamplingParams
-
-MIN_TEMPERATURE = 1e-3
-MAX_SEED = 2**63 - 1
-MAX_STOP_STRINGS = 16
-MAX_STOP_LENGTH = 1024
+from verispec.config import MAX_STOP_STRINGS, SamplingParams, check_text
 
 
 class StreamOptions(BaseModel):
@@ -47,15 +42,15 @@ class _Request(BaseModel):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = Field(None, ge=-1, le=2**31 - 1)
+    top_k: int | None = Field(None, ge=-1)  # -1 = off, as in vLLM; the rest is SamplingParams' check
     min_p: float | None = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, ge=0.01, le=100.0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(None, le=MAX_SEED)
+    seed: int | None = None
     stop: list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -71,33 +66,21 @@ class _Request(BaseModel):
     ignore_eos: bool = False
     best_of: int | None = None
 
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, value: float | None) -> float | None:
-        if value is not None and 0.0 < value < MIN_TEMPERATURE:
-            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}; use 0 for greedy decoding")
-        return value
-
     @field_validator("stop", mode="before")
     @classmethod
     def _stop(cls, value: Any) -> Any:
         if isinstance(value, str):
             value = [value]
-        if isinstance(value, list):
-            if len(value) > MAX_STOP_STRINGS:
-                raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(value)}")
-            if any(isinstance(s, str) and not 0 < len(s) <= MAX_STOP_LENGTH for s in value):
-                raise ValueError(f"stop strings must hold 1 to {MAX_STOP_LENGTH} characters")
+        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:  # before pydantic checks each one
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(value)}")
         return value
 
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (value or {}).items():
+        for key in value or {}:
             if not key.isascii() or not key.isdigit() or len(key) > 12:
                 raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key[:40]!r}")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"biases must be in [-100, 100], got {bias} for token {key}")
         return value
 
     @model_validator(mode="after")
@@ -156,6 +139,8 @@ class CompletionRequest(_Request):
         ints = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         if not isinstance(value, str) and not ints:
             raise ValueError("must be a string, a list of token ids, or a list holding one of those")
+        if isinstance(value, str):
+            check_text("prompt", value)
         return value
 
     @model_validator(mode="after")
@@ -193,6 +178,17 @@ class ChatMessage(BaseModel):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind != "text":
                     raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
+                if isinstance(part.get("text"), str):
+                    check_text("text", part["text"])
+        elif isinstance(value, str):
+            check_text("content", value)
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_text("name", value)
         return value
 
     @model_validator(mode="after")
