@@ -277,8 +277,10 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``. Special-token texts in it (``<|im_start|>``) become their ids;
-        ``add_special_tokens`` adds the BOS/EOS the model's tokenizer asks for (none for Qwen2)."""
-        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        ``add_special_tokens`` adds the BOS/EOS the model's tokenizer asks for (none for Qwen2).
+        Runs through ``encode_batch``, which releases the GIL (``encode`` holds it: a long text
+        would stall every other thread, a server's event loop included)."""
+        return list(self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [list(e.ids) for e in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
