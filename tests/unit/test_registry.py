@@ -3,6 +3,7 @@ missing or damaged part packages, removal. Fake part packages of a tiny GGUF (te
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -80,7 +81,11 @@ def test_prepare_joins_verifies_and_converts(fake: FakeModel) -> None:
     )
     marker = json.loads((fake.folder / "prepared.json").read_text())
     assert marker["sha256"] == fake.entry.sha256
-    assert marker["files"] == {p.name: p.stat().st_size for p in fake.folder.iterdir() if p.name != "prepared.json"}
+    files = {p.name: p for p in fake.folder.iterdir() if p.name != "prepared.json"}
+    assert {n: f["size"] for n, f in marker["files"].items()} == {n: p.stat().st_size for n, p in files.items()}
+    for n, p in files.items():
+        assert marker["files"][n]["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest()
+        assert marker["files"][n]["head_sha256"] == hashlib.sha256(p.read_bytes()[: registry.HEAD_BYTES]).hexdigest()
     s = status(fake.name)
     assert s.state == registry.PREPARED and not s.interrupted
     assert s.disk_bytes == sum(p.stat().st_size for p in fake.folder.iterdir()) == result.disk_bytes
@@ -140,6 +145,46 @@ def test_missing_or_resized_file_means_not_prepared(fake: FakeModel, victim: str
     assert not registry.is_prepared(fake.name)
     assert not registry.prepare(fake.name).skipped
     assert registry.is_prepared(fake.name)
+
+
+@pytest.mark.parametrize("victim", ["model.gguf", "bf16.safetensors", "tokenizer.json"])
+def test_a_byte_changed_in_place_is_caught_by_the_head_digest_or_by_verify(
+    fake: FakeModel, victim: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "HEAD_BYTES", 64)  # the fake files are small: a head of 64 bytes
+    registry.prepare(fake.name)
+    path = fake.folder / victim
+    data = bytearray(path.read_bytes())
+    assert registry.verify(fake.name).ok
+    data[-1] ^= 1  # past the head: loading does not see it, verify does
+    path.write_bytes(bytes(data))
+    assert registry.is_prepared(fake.name)
+    result = registry.verify(fake.name)
+    assert result.bad == (victim,) and not result.ok
+    data[-1] ^= 1
+    data[10] ^= 1  # inside the head (the file's header): refused at load
+    path.write_bytes(bytes(data))
+    assert not registry.is_prepared(fake.name) and registry.verify(fake.name).bad == (victim,)
+    (fake.folder / "prepared.json").unlink()
+    with pytest.raises(ModelLoadError, match="not prepared"):
+        registry.verify(fake.name)
+
+
+def test_an_interrupted_forced_prepare_keeps_the_previous_good_copy(
+    fake: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry.prepare(fake.name)
+    before = {p.name: p.read_bytes() for p in fake.folder.iterdir()}
+
+    def dies(model, path, **kw):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convert, "write_safetensors", dies)
+    with pytest.raises(KeyboardInterrupt):
+        registry.prepare(fake.name, force=True)
+    assert registry.is_prepared(fake.name)
+    assert {p.name: p.read_bytes() for p in fake.folder.iterdir()} == before
+    assert not any(p.name.startswith(f".{fake.name}.") and p.is_dir() for p in fake.folder.parent.iterdir())
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, OSError])

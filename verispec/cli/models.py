@@ -1,4 +1,4 @@
-"""``verispec models``: list, prepare, remove and locate the models of the registry.
+"""``verispec models``: list, prepare, verify, remove and locate the models of the registry.
 
 The work is :mod:`verispec.models.registry`'s; this module parses, shows progress (stderr) and prints.
 """
@@ -23,6 +23,7 @@ examples:
   verispec models list
   verispec models prepare                 # the default pair
   verispec models prepare qwen2.5-coder-0.5b-instruct --force
+  verispec models verify                  # re-hash every byte of the prepared default pair
   verispec models path qwen2.5-coder-1.5b-instruct
   verispec models remove qwen2.5-coder-0.5b-instruct --yes"""
 
@@ -55,6 +56,16 @@ def register(subparsers: Any) -> None:
     prep.add_argument("--force", action="store_true", help="prepare again even if already prepared")
     prep.add_argument("--no-progress", action="store_true", help="do not show progress bars")
     prep.set_defaults(run=run_prepare)
+
+    ver = sub.add_parser(
+        "verify",
+        help="re-hash every file of prepared models against the sha256 recorded when they were prepared",
+        description="Re-hash every file of a prepared model against the sha256 recorded when it was prepared "
+        "(loading checks only each file's size and the digest of its first 16 MiB). Exit status 1 when a "
+        "file differs: prepare the model again with --force.",
+    )
+    ver.add_argument("names", nargs="*", metavar="NAME", help="models to verify (default: the default pair)")
+    ver.set_defaults(run=run_verify)
 
     rm = sub.add_parser("remove", help="delete a model's cache folder (the installed part packages stay)")
     rm.add_argument("name", metavar="NAME", help="the model to remove (see `verispec models list`)")
@@ -168,6 +179,24 @@ def _prepare_one(name: str, force: bool, *, show_progress: bool) -> Any:
     finally:
         if tasks:
             bars.stop()
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from verispec.models import registry
+
+    names = args.names or [registry.DEFAULT_DRAFT, registry.DEFAULT_TARGET]
+    for name in names:
+        registry.get_entry(name)  # unknown names fail before any work
+    status = 0
+    for name in dict.fromkeys(names):
+        result = registry.verify(name)
+        if result.ok:
+            print(f"{name}: {result.files} files, {_size(result.bytes)}, sha256 as prepared ({result.seconds:.1f} s)")
+        else:
+            status = 1
+            print(f"{name}: {', '.join(result.bad)} differ from what was prepared; run "
+                  f"`verispec models prepare {name} --force`")  # fmt: skip
+    return status
 
 
 def run_remove(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ Model family facts this dataclass encodes:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -26,6 +27,20 @@ from verispec.errors import ConfigError
 
 #: Architectures the runtime implements, by the name GGUF's ``general.architecture`` uses.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+#: The largest value each size may take: far above any released model of the family (Llama 3.1
+#: 405B: 126 layers, hidden 16384, MLP 53248, 128 heads; vocabularies up to 256k), low enough that
+#: a crafted file claiming more is refused before anything is allocated or looped over.
+MAX_SIZES = {
+    "vocab_size": 1 << 22,
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 18,
+    "num_layers": 1 << 10,
+    "num_heads": 1 << 10,
+    "num_kv_heads": 1 << 10,
+    "head_dim": 1 << 12,
+    "max_position": 1 << 24,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,19 +82,12 @@ class ModelConfig:
     name: str = field(default="", compare=False)  # general.name, for messages only
 
     def __post_init__(self) -> None:
-        for key in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "max_position",
-        ):
+        for key, limit in MAX_SIZES.items():
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"ModelConfig.{key} must be a positive integer, got {value!r}")
+            if value > limit:
+                raise ConfigError(f"ModelConfig.{key} = {value} is beyond any model of this family (at most {limit})")
         if self.num_heads % self.num_kv_heads != 0:
             raise ConfigError(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -87,9 +95,15 @@ class ModelConfig:
             )
         if self.head_dim % 2 != 0:
             raise ConfigError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
-        if not self.rope_theta > 0:
+        if self.num_kv_heads > self.num_heads:
+            raise ConfigError(
+                f"ModelConfig.num_kv_heads ({self.num_kv_heads}) cannot exceed num_heads ({self.num_heads})"
+            )
+        if not (isinstance(self.rope_theta, int | float) and math.isfinite(self.rope_theta) and self.rope_theta > 0):
             raise ConfigError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}")
-        if not self.rms_norm_eps > 0:
+        if not (
+            isinstance(self.rms_norm_eps, int | float) and math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0
+        ):
             raise ConfigError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(self, key)

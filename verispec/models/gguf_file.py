@@ -20,6 +20,7 @@ package's constants.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -35,6 +36,11 @@ from verispec.errors import ModelLoadError, UnsupportedModelError
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+#: Sane bounds checked before anything is allocated: a crafted header may claim any count.
+MAX_STRING_ARRAY = 1 << 24  # strings of one array (vocabularies hold ~150k)
+MAX_ALIGNMENT = 1 << 16
+_MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
+_MIN_TENSOR_BYTES = 8 + 4 + 4 + 8  # name length, rank, type, offset
 
 #: GGUF value types -> (struct code, numpy dtype) for scalars; 8 = string, 9 = array.
 _SCALARS: dict[int, tuple[str, np.dtype[Any]]] = {
@@ -105,6 +111,12 @@ class _Cursor:
             raise ModelLoadError(f"{self.path}: {what} is not valid UTF-8 ({exc}); the file is corrupt") from exc
 
     def string_array(self, count: int, what: str) -> list[str]:
+        # Each string takes at least its 8-byte length: a count the rest of the file cannot hold is
+        # refused before a single string is built.
+        if count > MAX_STRING_ARRAY or count * 8 > len(self.buf) - self.pos:
+            raise ModelLoadError(
+                f"{self.path}: {what} claims {count} strings, more than the file can hold; the file is corrupt"
+            )
         # The hot loop of opening a model file (150k-token vocabularies): keep it tight.
         buf, pos, unpack, size = self.buf, self.pos, struct.unpack_from, len(self.buf)
         out: list[str] = []
@@ -200,14 +212,24 @@ class GGUFFile:
             )
         n_tensors = cur.scalar("<Q", "tensor count")
         n_kv = cur.scalar("<Q", "metadata count")
+        if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_BYTES > size - cur.pos:
+            raise ModelLoadError(
+                f"{self.path}: the header claims {n_kv} metadata entries and {n_tensors} tensors, more than "
+                f"its {size} bytes can hold; the file is corrupt or truncated"
+            )
         metadata: dict[str, MetadataValue] = {}
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
             vtype = cur.scalar("<I", f"type of {key}")
+            if key in metadata:
+                raise ModelLoadError(f"{self.path}: metadata key {key!r} appears twice; the file is corrupt")
             metadata[key] = cur.value(vtype, key)
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise ModelLoadError(f"{self.path}: general.alignment = {alignment!r} is not a power of two")
+        if (
+            not isinstance(alignment, int) or isinstance(alignment, bool) or not 0 < alignment <= MAX_ALIGNMENT
+            or alignment & (alignment - 1)
+        ):  # fmt: skip
+            raise ModelLoadError(f"{self.path}: general.alignment = {alignment!r} is not a power of two up to 65536")
         infos = []
         for i in range(n_tensors):
             name = cur.string(f"name of tensor #{i}")
@@ -215,14 +237,18 @@ class GGUFFile:
             if n_dims > 8:
                 raise ModelLoadError(f"{self.path}: tensor {name} claims {n_dims} dimensions; the file is corrupt")
             dims = [cur.scalar("<Q", f"shape of {name}") for _ in range(n_dims)]
+            if 0 in dims:
+                raise ModelLoadError(f"{self.path}: tensor {name} has an empty dimension {dims}; the file is corrupt")
             type_id = cur.scalar("<I", f"type of {name}")
             offset = cur.scalar("<Q", f"offset of {name}")
             infos.append((name, dims, type_id, offset))
         data_offset = (cur.pos + alignment - 1) // alignment * alignment
         tensors: dict[str, GGUFTensorEntry] = {}
         for name, dims, type_id, offset in infos:
+            if name in tensors:
+                raise ModelLoadError(f"{self.path}: tensor {name} appears twice; the file is corrupt")
             type_name = _type_name(type_id)
-            numel = int(np.prod(dims, dtype=np.int64)) if dims else 1
+            numel = math.prod(dims)  # exact: Python integers do not overflow where int64 would
             try:
                 block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
             except (ValueError, KeyError) as exc:
@@ -234,6 +260,8 @@ class GGUFFile:
                 raise ModelLoadError(f"{self.path}: tensor {name} row of {dims[0]} is not whole {type_name} blocks")
             nbytes = numel // block * type_size
             start = data_offset + offset
+            if offset % alignment:
+                raise ModelLoadError(f"{self.path}: tensor {name} starts at an unaligned offset; the file is corrupt")
             if start + nbytes > size:
                 raise ModelLoadError(
                     f"{self.path}: truncated file: tensor {name} ends at byte {start + nbytes} but the "

@@ -249,7 +249,15 @@ def _weight_files(root: Path) -> Sequence[tuple[Path, Sequence[str] | None]]:
             raise ModelLoadError(f"{index_path}: no weight_map; re-download the file")
         shards: dict[Path, list[str]] = {}
         for tensor, file in weight_map.items():
-            shards.setdefault(root / str(file), []).append(tensor)
+            name = str(file)
+            # A shard is a plain file name in the model's folder: the index is downloaded data, and a
+            # path like "../../secret" or "/etc/passwd" in it must not make us open files elsewhere.
+            if not name or "/" in name or "\\" in name or name in (".", "..") or Path(name).is_absolute():
+                raise ModelLoadError(
+                    f"{index_path}: shard {name[:100]!r} (for tensor {str(tensor)[:100]!r}) is not a file name "
+                    "inside the model folder; the index is corrupt or crafted: download it again"
+                )
+            shards.setdefault(root / name, []).append(tensor)
         missing = sorted(p.name for p in shards if not p.is_file())
         if missing:
             raise ModelLoadError(

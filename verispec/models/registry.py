@@ -13,14 +13,17 @@ folder ``<home>/models/<name>/``::
     config.json             the ModelConfig and the tokenizer's real vocabulary size
     tokenizer.json, tokenizer_config.json, generation_config.json   the tokenizer, chat template, stop ids
     prepared.json           written LAST: its presence (with every file it lists at its recorded
-                            size) is what "prepared" means
+                            size and head digest) is what "prepared" means
 
-:func:`prepare` checks every part (installed, right size) before touching the cache, joins them
-streaming into a temporary file while hashing, verifies size and sha256 and renames; then converts
-(:mod:`verispec.models.convert`), every file temp-then-rename. A folder without a valid marker is
-the remains of an interrupted prepare: the next :func:`prepare` wipes it and starts over, and a
-failed prepare removes what it wrote. A per-model lock file (``<home>/models/.<name>.lock``)
-serialises concurrent prepares and removals of one model.
+:func:`prepare` checks every part (installed, right size) before touching the cache, then builds
+the whole folder in a hidden staging folder beside it (``.<name>.staging-*``): joins the parts
+streaming while hashing, verifies size and sha256, converts (:mod:`verispec.models.convert`),
+records every file's size, sha256 and head digest (sha256 of its first ``HEAD_BYTES``) in the
+marker, and only then swaps the staging folder in. So an interrupted prepare (``--force``
+included) leaves the previous good copy in place, and a failed one removes what it wrote. Loading
+checks each file's size and head digest (milliseconds: a file replaced or damaged at its start,
+headers included, is refused); :func:`verify` re-hashes every byte (``verispec models verify``).
+A per-model lock file (``<home>/models/.<name>.lock``) serialises concurrent prepares and removals.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import importlib.util
 import logging
 import os
 import re
+import secrets
 import shutil
 import sys
 import time
@@ -51,7 +55,8 @@ GGUF_FILE = "model.gguf"
 WEIGHTS_FILE = "bf16.safetensors"
 CONFIG_FILE = "config.json"
 MARKER_FILE = "prepared.json"
-MARKER_FORMAT = 1  # bump when the prepared layout changes: older folders then count as unprepared
+MARKER_FORMAT = 2  # bump when the prepared layout changes: older folders then count as unprepared
+HEAD_BYTES = 16 << 20  # the head digest covers this much of each file: GGUF and safetensors headers whole
 INSTALL_HINT = "pip install -e '.[models]'"
 _CHUNK = 8 << 20
 _SPACE_MARGIN = 64 << 20
@@ -244,24 +249,95 @@ def disk_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def _digests(path: Path) -> tuple[str, str]:
+    """``(sha256 of the whole file, sha256 of its first HEAD_BYTES)``, in one read."""
+    whole, head, done = hashlib.sha256(), hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            whole.update(chunk)
+            if done < HEAD_BYTES:
+                head.update(chunk[: HEAD_BYTES - done])
+            done += len(chunk)
+    return whole.hexdigest(), head.hexdigest()
+
+
+def _head_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
+
+
+def _marker_files(marker: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    files = marker.get("files")
+    if marker.get("format") != MARKER_FORMAT or not isinstance(files, dict):
+        return None
+    ok = all(
+        isinstance(f, dict) and isinstance(f.get("size"), int) and isinstance(f.get("head_sha256"), str)
+        and isinstance(f.get("sha256"), str) and "/" not in name and name not in (".", "..")
+        for name, f in files.items()
+    )  # fmt: skip
+    return files if ok else None
+
+
 def read_marker(folder: Path, entry: ModelEntry | None = None) -> dict[str, Any] | None:
     """The ``prepared.json`` of ``folder`` if the folder is a complete prepared model (the marker is
-    readable and current, every file it lists has its recorded size, and, given ``entry``, it was
-    made from that entry's file), else ``None``."""
+    readable and current, every file it lists has its recorded size and head digest, and, given
+    ``entry``, it was made from that entry's file), else ``None``."""
     try:
         marker = read_json(folder / MARKER_FILE)
     except ModelLoadError:
         return None
-    files = marker.get("files")
-    if marker.get("format") != MARKER_FORMAT or not isinstance(files, dict):
+    files = _marker_files(marker)
+    if files is None:
         return None
     if entry is not None and marker.get("sha256") != entry.sha256:
         return None
-    for fname, size in files.items():
-        path = folder / str(fname)
-        if not path.is_file() or path.stat().st_size != size:
+    for fname, record in files.items():
+        path = folder / fname
+        if not path.is_file() or path.stat().st_size != record["size"] or _head_digest(path) != record["head_sha256"]:
             return None
     return marker
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    """What :func:`verify` found: ``bad`` names the files whose bytes differ from the record."""
+
+    name: str
+    path: Path
+    files: int
+    bytes: int
+    bad: tuple[str, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+
+def verify(name: str, *, home: Path | None = None, progress: ProgressFn | None = None) -> VerifyResult:
+    """Re-hash every file of prepared model ``name`` against the sha256 its marker recorded
+    (``progress("verify", bytes done, bytes total)``). :class:`ModelLoadError` when the model is
+    not prepared."""
+    entry = get_entry(name)
+    folder = model_dir(name, home)
+    start = time.perf_counter()
+    with _locked(folder):
+        try:
+            files = _marker_files(read_json(folder / MARKER_FILE))
+        except ModelLoadError:
+            files = None
+        if files is None:
+            raise ModelLoadError(f"{entry.name} is not prepared (or was prepared by another version): run "
+                                 f"`verispec models prepare {entry.name}`")  # fmt: skip
+        total, done, bad = sum(int(f["size"]) for f in files.values()), 0, []
+        for fname, record in files.items():
+            path = folder / fname
+            if not path.is_file() or path.stat().st_size != record["size"] or _digests(path)[0] != record["sha256"]:
+                bad.append(fname)
+            done += int(record["size"])
+            if progress is not None:
+                progress("verify", done, total)
+    return VerifyResult(entry.name, folder, len(files), total, tuple(bad), time.perf_counter() - start)
 
 
 def _installed_parts(entry: ModelEntry) -> int:
@@ -419,6 +495,24 @@ def _wipe(folder: Path) -> None:
         shutil.rmtree(folder)
 
 
+def _leftovers(folder: Path) -> list[Path]:
+    """Staging and retired folders of ``folder``'s model left by interrupted prepares."""
+    return sorted(folder.parent.glob(f".{folder.name}.staging-*")) + sorted(folder.parent.glob(f".{folder.name}.old-*"))
+
+
+def _swap_in(staging: Path, folder: Path) -> None:
+    """Make ``staging`` (complete, its marker written) the model's folder; the previous folder, if
+    any, is retired first and removed after. At every instant the folder is either the old
+    complete copy, absent, or the new complete copy."""
+    retired = None
+    if folder.exists():
+        retired = folder.parent / f".{folder.name}.old-{secrets.token_hex(4)}"
+        os.replace(folder, retired)
+    os.replace(staging, folder)
+    if retired is not None:
+        _wipe(retired)
+
+
 def prepare(
     name: str, *, home: Path | None = None, force: bool = False, progress: ProgressFn | None = None
 ) -> PrepareResult:
@@ -436,14 +530,16 @@ def prepare(
         if not force and read_marker(folder, entry) is not None:
             return PrepareResult(entry.name, folder, True, time.perf_counter() - start, disk_bytes(folder))
         paths = _locate_parts(entry)
-        if folder.exists():
-            logger.info("%s: removing the previous or interrupted preparation in %s", entry.name, folder)
-            _wipe(folder)
-        folder.mkdir(parents=True)
+        for leftover in _leftovers(folder):
+            logger.info("%s: removing %s, left by an interrupted prepare", entry.name, leftover)
+            _wipe(leftover)
+        staging = folder.parent / f".{folder.name}.staging-{secrets.token_hex(4)}"
+        staging.mkdir(parents=True)
         try:
-            stages = _build(entry, paths, folder, progress)
+            stages = _build(entry, paths, staging, progress)
+            _swap_in(staging, folder)
         except BaseException:
-            _wipe(folder)
+            _wipe(staging)
             raise
     return PrepareResult(entry.name, folder, False, time.perf_counter() - start, disk_bytes(folder), stages)
 
@@ -484,7 +580,11 @@ def _build(entry: ModelEntry, paths: list[Path], folder: Path, progress: Progres
         progress("tokenizer", 1, 1)
     stages["tokenizer"] = time.perf_counter() - t2
 
-    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER_FILE}
+    files = {}
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name != MARKER_FILE:
+            whole, head = _digests(path)
+            files[path.name] = {"size": path.stat().st_size, "sha256": whole, "head_sha256": head}
     marker = {
         "format": MARKER_FORMAT,
         "name": entry.name,
@@ -504,6 +604,7 @@ def remove(name: str, *, home: Path | None = None) -> int:
     folder = model_dir(name, home)
     with _locked(folder):
         freed = disk_bytes(folder)
-        if folder.exists():
-            _wipe(folder)
+        for path in [folder, *_leftovers(folder)]:
+            if path.exists():
+                _wipe(path)
     return freed
