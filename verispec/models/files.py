@@ -84,7 +84,7 @@ def read_json(path: Path) -> dict[str, Any]:
     object."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ModelLoadError(f"{path}: unreadable ({exc})") from exc
     if not isinstance(value, dict):
         raise ModelLoadError(f"{path}: expected a JSON object")

@@ -220,7 +220,7 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
         raise ModelLoadError(f"{path}: no {what}; is {path.parent} a Hugging Face model folder?")
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON or UTF-8; deep nesting
         raise ModelLoadError(f"{path}: unreadable {what} ({exc}); re-download the file") from exc
     if not isinstance(value, dict):
         raise ModelLoadError(f"{path}: {what} should hold a JSON object; re-download the file")
