@@ -22,6 +22,7 @@ from verispec.bench.local import baseline_engine, serve_pair
 from verispec.bench.quality import HumanEvalExecutor, run_sandboxed, teacher_forced_nll
 from verispec.bench.report import render_html
 from verispec.cli import main
+from verispec.errors import ConfigError
 
 PROMPTS = ["hello world", "def add(a, b):", "the cat sat on", "1, 2, 3, 4,"]
 
@@ -121,11 +122,57 @@ def test_sandbox_and_disabled_package_fallback(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(execution, "check_correctness", commented_out)  # what the package does with exec disabled
     executor = HumanEvalExecutor(timeout=5)
-    assert executor.mode == "sandbox" and "does NOT execute code" in executor.note
+    assert executor.mode == "sandbox" and "sandbox" in executor.note
+    with pytest.raises(ConfigError, match="does not execute code"):
+        HumanEvalExecutor(timeout=5, mode="package")
     test = "def check(c):\n    assert c() == 1\n"
     problem = {"task_id": "t", "prompt": "def f():\n", "entry_point": "f", "test": test}
     assert executor.check(problem, "    return 1\n")["passed"]
     assert not executor.check(problem, "    return 2\n")["passed"]
+
+
+ESCAPES = {
+    "start a process": "import subprocess\nsubprocess.run(['true'])\n",
+    "os.system": "import os\nos.system('true')\n",
+    "fork": "import os\nos.fork()\n",
+    "native code": "import ctypes\nctypes.CDLL(None).getpid()\n",
+    "network": "import socket\nsocket.create_connection(('127.0.0.1', 1), timeout=1)\n",
+}
+ISOLATED = {
+    "read a file outside": "open('/etc/hostname').read()\n",
+    "list the home folder": "import os\nos.listdir(os.path.expanduser('~'))\n",
+    "write a file": "open('out.txt', 'w').write('x')\n",
+    "write to /tmp": "open('/tmp/x', 'w').write('x')\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(ESCAPES))
+def test_sandbox_refuses_processes_native_code_and_sockets(case: str) -> None:
+    result = run_sandboxed(ESCAPES[case], timeout=10)
+    assert not result["passed"] and "refuses" in result["result"], result
+
+
+@pytest.mark.parametrize("case", sorted(ISOLATED))
+def test_sandbox_isolates_files_where_bubblewrap_is_installed(case: str) -> None:
+    from verispec.bench.quality import bwrap_prefix
+
+    if bwrap_prefix() is None:
+        pytest.skip("bubblewrap (bwrap) is not installed or cannot create namespaces here: no isolation to test")
+    assert run_sandboxed("print('ok')\n", timeout=10)["passed"]
+    result = run_sandboxed(ISOLATED[case], timeout=10)
+    assert not result["passed"], result
+
+
+def test_endpoint_code_without_isolation_needs_explicit_trust(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verispec.bench import quality
+
+    monkeypatch.setattr(quality, "bwrap_prefix", lambda: None)
+    with pytest.raises(ConfigError, match="--trust-endpoint-code"):
+        HumanEvalExecutor(timeout=5, untrusted=True)
+    assert "WITHOUT isolation" in HumanEvalExecutor(timeout=5, untrusted=True, trust_code=True).note
+    assert "WITHOUT isolation" in HumanEvalExecutor(timeout=5).note  # local models: runs, and says so
+    argv = ["gate", "--endpoint-baseline", "http://127.0.0.1:9", "--endpoint-spec", "http://127.0.0.1:9"]
+    assert main(argv) == 2  # refused before any request is sent
 
 
 def test_gate_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:

