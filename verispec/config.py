@@ -34,6 +34,8 @@ MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed takes
 MAX_MAX_TOKENS = 2**31 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 1024  # characters per stop string
+MAX_BATCH = 4096  # sequences an engine runs at once
+MAX_LEN = 1 << 24  # tokens per sequence (the longest context a model config may declare)
 
 
 def _finite(name: str, value: Any) -> float:
@@ -226,10 +228,11 @@ class EngineConfig:
     prefill_chunk: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_len", "max_draft_tokens", "prefill_chunk"):
+        for name, limit in (("max_batch", MAX_BATCH), ("max_len", MAX_LEN), ("max_draft_tokens", 256),
+                            ("prefill_chunk", MAX_LEN)):  # fmt: skip
             value = _integer(name, getattr(self, name))
-            if value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
+            if not 1 <= value <= limit:
+                raise ConfigError(f"{name} must be in [1, {limit}], got {value}", param=name)
         if self.num_draft_tokens is not None:
             k = _integer("num_draft_tokens", self.num_draft_tokens)
             if k < 0:

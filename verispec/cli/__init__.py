@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from verispec.errors import VerispecError
+from verispec.errors import ConfigError, VerispecError
 
 # Sub-command modules, in the order `verispec --help` lists them.
 COMMAND_MODULES = ("generate", "serve", "bench", "loadgen", "gate", "analyze", "certify", "models")
@@ -44,6 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """Refuse, before any work, option values no command can mean: NaN or infinite floats and
+    integers beyond 64 bits (a single value or a comma-separated list). Ranges of particular
+    options are checked where they are used (SamplingParams, EngineConfig, ServerConfig)."""
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list | tuple) else [value]:
+            option = "--" + name.replace("_", "-")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"{option} must be a finite number, got {item}", param=name)
+            if isinstance(item, int) and not isinstance(item, bool) and not -(2**63) <= item < 2**64:
+                raise ConfigError(f"{option} = {item} is beyond 64 bits", param=name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -52,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_numbers(args)
         status: int = run(args)
     except VerispecError as exc:
         print(f"verispec: error: {exc}", file=sys.stderr)

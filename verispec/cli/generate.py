@@ -129,9 +129,11 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from verispec.config import check_text
     from verispec.engine.api import build, chat_prompt
 
     params = sampling_params(args)
+    check_text("prompt", args.prompt)  # before any model loads
     err = Console(stderr=True)
     with err.status("loading models (prepare them once with `verispec models prepare`)", spinner="dots"):
         pipe = build(

@@ -6,10 +6,14 @@ import argparse
 import contextlib
 import ipaddress
 import os
+import re
 import sys
+from dataclasses import replace
 from typing import Any
 
 from verispec.cli.generate import add_model_options
+
+_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
 EPILOG = """\
 examples:
@@ -20,8 +24,35 @@ examples:
        -d '{"prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}'
 
 The API key can also come from the VERISPEC_API_KEY environment variable (it then stays out of
-the process list). /health and /metrics need no key. Ctrl-C stops admitting requests, lets the
-ones in flight finish (up to --shutdown-timeout seconds), then exits."""
+the process list); an empty key is an error, not authentication turned off. With a key, /v1/* and
+/metrics need it (--public-metrics opens /metrics), /health stays open and /docs, /redoc and
+/openapi.json are off. JSON endpoints take only Content-Type: application/json, and the Host header
+must be an IP address, localhost or a name given with --allowed-host (against DNS rebinding).
+Ctrl-C stops admitting requests, lets the ones in flight finish (up to --shutdown-timeout
+seconds), then exits; a second Ctrl-C aborts them at once, each client told so."""
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port must be an integer in [1, 65535], got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"--port must be in [1, 65535], got {port}")
+    return port
+
+
+def _host(text: str) -> str:
+    """An IP address or a host name (RFC 1123 labels), as uvicorn can bind it."""
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    labels = text.rstrip(".").split(".")
+    if not text or len(text) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        raise argparse.ArgumentTypeError(f"--host must be an IP address or a host name, got {text!r}")
+    return text
 
 
 def register(sub: Any) -> None:
@@ -35,11 +66,19 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 = all)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument(
-        "--api-key", default=os.environ.get("VERISPEC_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/* (default: $VERISPEC_API_KEY, else no key)",
+        "--host", type=_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 = all)"
+    )
+    p.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000)")
+    p.add_argument(
+        "--api-key", default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $VERISPEC_API_KEY, else no key)",
+    )  # fmt: skip
+    p.add_argument("--public-metrics", action="store_true", help="serve /metrics without the API key (scrapers)")
+    p.add_argument(
+        "--allowed-host", action="append", default=[], metavar="NAME",
+        help="a host name clients may reach the server by, besides IP addresses and localhost (repeatable; "
+        "'*' turns the Host check off)",
     )  # fmt: skip
     p.add_argument(
         "--served-model-name", action="append", default=[], metavar="NAME",
@@ -57,6 +96,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-tokens-limit", type=int, default=None, help="largest max_tokens accepted (default --max-len - 1)"
     )
+    p.add_argument(
+        "--max-prompt-bytes", type=int, default=None,
+        help="longest prompt text accepted, refused before tokenizing (default 32 x --max-prompt-tokens)",
+    )  # fmt: skip
+    p.add_argument("--max-messages", type=int, default=512, help="messages per chat request (default 512)")
     p.add_argument(
         "--shutdown-timeout", type=float, default=30.0,
         help="seconds to let requests in flight finish at shutdown before aborting them (default 30)",
@@ -81,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from verispec.server import ServerConfig, create_app
+        from verispec.server.shutdown import GracefulServer
     except ImportError as exc:
         raise ConfigError(
             f"`verispec serve` needs {exc.name}; install the server's dependencies: pip install 'verispec[serve]'"
@@ -89,11 +134,19 @@ def run(args: argparse.Namespace) -> int:
 
     from verispec.engine.api import build
 
+    api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY")
+    if api_key is not None and not api_key:
+        where = "--api-key" if args.api_key is not None else "VERISPEC_API_KEY"
+        raise ConfigError(f"{where} is empty; give a key, or leave it unset to serve without one")
     config = ServerConfig(
-        served_model_names=tuple(args.served_model_name), api_key=args.api_key or None, max_queue=args.max_queue,
-        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
+        served_model_names=tuple(args.served_model_name), api_key=api_key, public_metrics=args.public_metrics,
+        allowed_hosts=tuple(args.allowed_host), max_queue=args.max_queue, max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens_limit=args.max_tokens_limit, max_prompt_bytes=args.max_prompt_bytes, max_messages=args.max_messages,
         shutdown_grace_seconds=args.shutdown_timeout,
     )  # fmt: skip
+    if args.host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::") and not _loopback(args.host):
+        # the name (or address) clients use to reach it must pass the Host check too
+        config = replace(config, allowed_hosts=(*config.allowed_hosts, args.host.lower()))
     err = Console(stderr=True)
     with err.status("loading models (prepare them once with `verispec models prepare`)", spinner="dots"):
         pipe = build(
@@ -108,18 +161,12 @@ def run(args: argparse.Namespace) -> int:
     if config.api_key is None and not _loopback(args.host):
         err.print(f"[yellow]warning:[/] listening on {args.host} without --api-key: anyone who can reach it can use it")
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            # new requests get 503 while the ones in flight finish (aborted, with an error event, after the timeout)
-            runner.begin_shutdown(args.shutdown_timeout)
-            super().handle_exit(sig, frame)
-
     uv_config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level,
         timeout_graceful_shutdown=args.shutdown_timeout + 5,  # the runner's abort comes first, with a message
     )  # fmt: skip
     print(f"verispec: serving {names} ({pair}) at http://{args.host}:{args.port}/v1", file=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT once it has shut down cleanly
-        Server(uv_config).run()
+        GracefulServer(uv_config, runner, args.shutdown_timeout).run()
     print("verispec: server stopped", file=sys.stderr)
     return 0

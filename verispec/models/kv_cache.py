@@ -28,6 +28,8 @@ are exact whenever the caller passes host integers (``truncate([...])``, ``num_n
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,6 +56,14 @@ class StepPlan:
     valid: Tensor | None  # [B, T] bool: t < num_new[b]
     write_pos: Tensor  # [B, T] int64: buffer position of each new token (scratch column for padding)
     span: int
+
+
+def _machine_memory() -> int | None:
+    """Bytes of physical memory, or None where the platform does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 class KVCache:
@@ -84,6 +94,13 @@ class KVCache:
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (config.num_layers, max_batch, config.num_kv_heads, max_len + 1, config.head_dim)
+        need = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        have = _machine_memory() if self.device.type == "cpu" else None
+        if have is not None and need > have:
+            raise ConfigError(
+                f"a KV cache for {max_batch} sequences of {max_len} tokens needs {need / 1e9:.1f} GB, more than "
+                f"this machine's {have / 1e9:.1f} GB of memory; lower the batch size or the context length"
+            )
         # Normal (not inference-mode) tensors, even when built inside torch.inference_mode(): they
         # can then be updated in place both inside and outside inference mode.
         with torch.inference_mode(False):

@@ -158,6 +158,13 @@ class EngineRunner:
         if grace_seconds is not None and self._abort_at is None:
             self._abort_at = time.monotonic() + grace_seconds
 
+    def abort_now(self) -> None:
+        """Stop admission and abort every request in flight at once (their clients are told so).
+        Safe from a signal handler."""
+        self._accepting = False
+        self._abort_at = time.monotonic()
+        self._wake.set()
+
     async def submit(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> RequestHandle:
         """Admit a request; returns once the engine has accepted it. Raises
         :class:`QueueFullError`, :class:`ShuttingDownError`, or the engine's own error
