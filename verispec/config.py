@@ -153,8 +153,8 @@ class SamplingParams:
             raise ConfigError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}", param="stop")
         if any(len(s) > MAX_STOP_LENGTH for s in stop):
             raise ConfigError(f"stop strings must hold at most {MAX_STOP_LENGTH} characters", param="stop")
-        for s in stop:
-            check_text("stop", s)
+        for text in stop:
+            check_text("stop", text)
         object.__setattr__(self, "stop", stop)
 
     @property

@@ -116,18 +116,20 @@ class TemplateRenderer:
         with self._lock:
             self._kill()
 
-    def _ask(self, line: bytes) -> dict[str, Any]:
+    def _send(self, line: bytes) -> subprocess.Popen[bytes]:
         proc = self._child()
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
+        proc.stdin.write(line)
+        proc.stdin.flush()
+        return proc
+
+    def _ask(self, line: bytes) -> dict[str, Any]:
         try:
-            proc.stdin.write(line)
-            proc.stdin.flush()
-        except OSError:  # the child died since the last render (killed from outside)
+            proc = self._send(line)
+        except OSError:  # the child died since the last render (killed from outside): a new one
             self._kill()
-            proc = self._child()
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(line)
-            proc.stdin.flush()
+            proc = self._send(line)
+        assert proc.stdout is not None
         deadline = time.monotonic() + self.timeout
         out = bytearray()
         fd = proc.stdout.fileno()

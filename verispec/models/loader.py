@@ -270,6 +270,11 @@ def load_model(
     if text in MODELS:
         folder = model_dir(text, home)
         if read_marker(folder, get_entry(text)) is None:
+            if (folder / MARKER_FILE).exists():
+                raise ModelLoadError(
+                    f"model {text!r} in {folder} is damaged or from another verispec version (a file differs from "
+                    f"what was prepared); run `verispec models prepare {text} --force`"
+                )
             raise ModelLoadError(
                 f"model {text!r} is not prepared (no complete {folder}); run `verispec models prepare {text}`"
             )

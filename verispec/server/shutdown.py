@@ -39,7 +39,7 @@ class GracefulServer(uvicorn.Server):
         if self._force_at is None:
             self._force_at = time.monotonic() + FORCE_SECONDS
 
-    @property  # type: ignore[override]
+    @property
     def force_exit(self) -> bool:
         return self._force_at is not None and time.monotonic() >= self._force_at
 
