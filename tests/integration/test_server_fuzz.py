@@ -136,3 +136,30 @@ def test_valid_requests_with_extreme_parameters_are_answered(client, path: str, 
     r = client.post(path, json=body | params | {"stream": stream})
     assert r.status_code == 200, r.text
     check(r)
+
+
+unicode_text = st.text(st.characters(codec=None, categories=None) | st.characters(categories=["Cs"]), max_size=12)
+
+
+@SETTINGS
+@given(
+    path=st.sampled_from(PATHS), text=unicode_text, stop=st.lists(unicode_text, max_size=2), name=unicode_text,
+    stream=st.booleans(),
+)  # fmt: skip
+def test_any_unicode_text_including_lone_surrogates_never_gets_a_5xx(client, path, text, stop, name, stream) -> None:
+    if path == "/v1/completions":
+        body: dict = {"prompt": text, "stop": stop, "user": name}
+    else:
+        body = {"messages": [{"role": "user", "content": text, "name": name}], "stop": stop}
+    post(client, path, body | {"max_tokens": 2, "stream": stream})
+
+
+@SETTINGS
+@given(
+    host=st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30),
+    content_type=st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40),
+)
+def test_odd_host_and_content_type_headers_never_get_a_5xx(client, host: str, content_type: str) -> None:
+    body = json.dumps({"prompt": "hi", "max_tokens": 1})
+    r = client.post("/v1/completions", content=body, headers={"host": host, "content-type": content_type})
+    check(r)
