@@ -174,6 +174,7 @@ BOMBS = {
     "a syntax error": "{% for %}",
     "a raised exception": "{{ raise_exception('no system messages') }}",
     "python internals": "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "a lone surrogate": "{{ '\\ud800' }}",
 }
 
 

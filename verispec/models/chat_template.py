@@ -109,7 +109,12 @@ class TemplateRenderer:
             answer = self._ask(request.encode() + b"\n")
         if "error" in answer:
             raise ChatTemplateError(f"the chat template failed: {answer['error']}")
-        return str(answer["text"])
+        text = str(answer["text"])
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ChatTemplateError("the chat template produced text that is not valid Unicode") from None
+        return text
 
     def close(self) -> None:
         """Stop the child process (a later render starts a new one)."""
