@@ -34,7 +34,7 @@ import torch
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
 from verispec.engine import Engine
-from verispec.models.hf import load_hf_folder
+from verispec.formats.hf import load_hf_folder
 from verispec.models.transformer import Transformer
 
 # The configs of Qwen2.5-Coder-1.5B-Instruct and -0.5B-Instruct (config.json of those checkpoints).

@@ -39,8 +39,8 @@ import torch
 from verispec.config import EngineConfig, SamplingParams
 from verispec.engine import Engine
 from verispec.errors import ConfigError
-from verispec.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load_model
-from verispec.models.registry import GGUF_FILE, model_dir
+from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load_model
+from verispec.formats.registry import GGUF_FILE, model_dir
 
 ROLES = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}
 #: llama.cpp decode tokens/s on this machine, same Q4_K_M files, 2 threads (measured separately).

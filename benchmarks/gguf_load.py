@@ -26,8 +26,8 @@ def measure(path: str, dtype_name: str, threads: int, repeat: int) -> dict[str, 
     import torch
 
     torch.set_num_threads(threads)
-    from verispec.models.gguf import GGUFModel
-    from verispec.models.tokenizer import Tokenizer
+    from verispec.formats.gguf import GGUFModel
+    from verispec.formats.tokenizer import Tokenizer
 
     t0 = time.perf_counter()
     model = GGUFModel(path)

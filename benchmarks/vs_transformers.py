@@ -34,9 +34,9 @@ import torch
 from verispec.analysis import speedup
 from verispec.bench.prompts import humaneval_prompts
 from verispec.config import SamplingParams
-from verispec.engine.api import build
-from verispec.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET
-from verispec.models.registry import GGUF_FILE, model_dir
+from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.formats.registry import GGUF_FILE, model_dir
+from verispec.pipeline import build
 
 HF_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from verispec.models.tiny import tiny_config, tiny_pair
-from verispec.models.tokenizer import Tokenizer
+from verispec.certify.tiny import tiny_config, tiny_pair
+from verispec.formats.tokenizer import Tokenizer
 
 __all__ = ["byte_tokenizer", "tiny_config", "tiny_pair"]
 

@@ -43,7 +43,7 @@ _EXPORTS = {
     "EngineConfig": "verispec.config",
     "Engine": "verispec.engine",
     "RequestOutput": "verispec.engine",
-    "generate": "verispec.engine.api",
+    "generate": "verispec.pipeline",
 }
 
 __all__ = [
@@ -72,9 +72,9 @@ __all__ = [
 if TYPE_CHECKING:
     from verispec.config import EngineConfig, SamplingParams, SpecConfig
     from verispec.engine import Engine, RequestOutput
-    from verispec.engine.api import generate
     from verispec.errors import ConfigError, InputError, VerispecError
     from verispec.metrics import SpecStats
+    from verispec.pipeline import generate
     from verispec.sampling import TokenHistory, make_generator, sample, to_probs
     from verispec.verify import Draft, GreedyRule, RejectionRule, TypicalRule, Verdict
 

@@ -12,7 +12,7 @@ from tests.tiny import byte_tokenizer, tiny_pair
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
 from verispec.engine import Engine, RequestOutput
-from verispec.models.tokenizer import Tokenizer
+from verispec.formats.tokenizer import Tokenizer
 
 VOCAB = 257  # 256 bytes + <eos>
 EOS = 256

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("gguf")
 from tests.unit.fake_parts import FakeModel, install_fake_model
 from verispec.cli import main
-from verispec.models import registry
+from verispec.formats import registry
 
 
 def run(*argv: str) -> int:

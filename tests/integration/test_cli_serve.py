@@ -108,7 +108,7 @@ def test_serve_rejects_bad_settings_before_loading_models(capsys: pytest.Capture
 def test_bad_options_are_one_line_and_exit_2_before_models_load(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from verispec.engine import api
+    from verispec import pipeline as api
 
     monkeypatch.setattr(api, "load_model", lambda *a, **k: pytest.fail("models were loaded"))
     monkeypatch.delenv("VERISPEC_API_KEY", raising=False)

@@ -16,12 +16,12 @@ import torch
 
 from tests.unit.test_verify import N_CASES, _random_case, assert_same, clone_gens
 from tests.unit.tiny_gguf import TinySpec, write_tiny
-from verispec.certify import DEFAULT_ALPHA, EngineCase, certify_engine_case
+from verispec.certify.core import DEFAULT_ALPHA, EngineCase, certify_engine_case
+from verispec.certify.tiny import tiny_config, tiny_pair
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
 from verispec.engine import Engine
 from verispec.errors import ConfigError
-from verispec.models.tiny import tiny_config, tiny_pair
 from verispec.models.transformer import Transformer, random_state_dict
 from verispec.sampling import make_generator, sample, to_probs
 from verispec.verify import Draft, RejectionRule
@@ -166,7 +166,7 @@ def test_cli_generate_on_cuda_equals_cpu(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_quantized_precisions_are_refused_on_cuda_with_the_remedy() -> None:
-    from verispec.models.loader import check_precision
+    from verispec.formats.loader import check_precision
 
     with pytest.raises(ConfigError, match=r"CPU only.*--dtype bf16"):
         check_precision("int4", CUDA)

@@ -18,9 +18,10 @@ from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
 from verispec.engine import Engine
 from verispec.errors import ConfigError
-from verispec.models import quantized, registry
-from verispec.models.gguf import GGUFModel
-from verispec.models.loader import LoadedModel, load_model
+from verispec.formats import registry
+from verispec.formats.gguf import GGUFModel
+from verispec.formats.loader import LoadedModel, load_model
+from verispec.models import quantized
 from verispec.models.transformer import Transformer
 
 pytest.importorskip("gguf")
@@ -196,14 +197,14 @@ def test_prepared_models_cache_the_packed_weights(
     assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
     assert registry.read_marker(fake.folder) is not None  # the cache file does not unprepare the model
     # a cache made from another file (or by another packing format) is rebuilt
-    from verispec.models.convert import load_safetensors, write_tensors
+    from verispec.formats.convert import load_safetensors, write_tensors
 
     tensors = load_safetensors(cache)
     entries = [(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()]
     write_tensors(cache, entries, tensors.items(), metadata={"packing": quantized.PACK_FORMAT, "source_sha256": "0"})
     load_model(fake.name, dtype="int4")
     assert quantized.cache_path(fake.folder, "int4").stat().st_mtime_ns != stamp
-    from verispec.models.convert import read_metadata
+    from verispec.formats.convert import read_metadata
 
     assert read_metadata(cache) == {"format": "pt", **_wanted(fake.entry.sha256)}
 

@@ -19,10 +19,10 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 
-from verispec.models.gguf import GGUFModel  # noqa: E402
-from verispec.models.gguf_file import GGUFFile  # noqa: E402
-from verispec.models.quants import dequantize_blocks  # noqa: E402
-from verispec.models.tokenizer import Tokenizer  # noqa: E402
+from verispec.formats.dequant import dequantize_blocks  # noqa: E402
+from verispec.formats.gguf import GGUFModel  # noqa: E402
+from verispec.formats.gguf_file import GGUFFile  # noqa: E402
+from verispec.formats.tokenizer import Tokenizer  # noqa: E402
 
 MODEL_DIR = Path(os.environ.get("VERISPEC_TEST_GGUF_DIR", "/tmp/verispec-models"))
 DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.models import registry
-from verispec.models.gguf import GGUFModel
+from verispec.formats import registry
+from verispec.formats.gguf import GGUFModel
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def parts_installed(name: str) -> bool:
 
 @pytest.mark.skipif(not parts_installed(registry.DEFAULT_DRAFT), reason="part packages not installed")
 def test_prepare_and_load_the_real_draft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from verispec.models.loader import BF16_KERNEL_ENV, load_model
+    from verispec.formats.loader import BF16_KERNEL_ENV, load_model
 
     monkeypatch.setenv(BF16_KERNEL_ENV, "0")  # torch's layers: the weights stay one tensor per projection
 
@@ -76,8 +76,8 @@ def test_prepare_and_load_the_real_draft(tmp_path: Path, monkeypatch: pytest.Mon
     reason="the default pair is not prepared (verispec models prepare)",
 )
 def test_default_pair_pairs() -> None:
-    from verispec.models.loader import load_pair
-    from verispec.models.vocab import check_compatible
+    from verispec.formats.loader import load_pair
+    from verispec.formats.vocab import check_compatible
 
     target, draft = load_pair()
     assert target.config.hidden_size == 1536 and draft.config.hidden_size == 896

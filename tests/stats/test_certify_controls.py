@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from verispec.certify import CertificationCase, certify_case, negative_controls
+from verispec.certify.core import CertificationCase, certify_case, negative_controls
 from verispec.config import SamplingParams
 from verispec.verify.broken import BROKEN_RULES, BonusFromDraftRule
 

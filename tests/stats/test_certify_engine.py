@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from verispec.certify import DEFAULT_ALPHA, EngineCase, certify_engine_case
+from verispec.certify.core import DEFAULT_ALPHA, EngineCase, certify_engine_case
 from verispec.config import SamplingParams
 from verispec.verify.broken import AlwaysAcceptRule, ResidualIsTargetRule
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from verispec.certify import (
+from verispec.certify.core import (
     DEFAULT_ALPHA,
     CertificationCase,
     ToySetup,
@@ -13,8 +13,8 @@ from verispec.certify import (
     certify_sampler,
     grid,
 )
+from verispec.certify.toy import exact_prefix_law, generate
 from verispec.config import SamplingParams
-from verispec.models.toy import exact_prefix_law, generate
 from verispec.verify import RejectionRule
 
 N = 40_000

@@ -1,6 +1,6 @@
 """Fake model-part packages for registry tests: a tiny GGUF split into chunks, each chunk in its own
 importable module with ``get_part_path()`` (as the real PyPI chunk packages have), and a registry
-entry describing them, installed into ``verispec.models.registry.MODELS`` for one test."""
+entry describing them, installed into ``verispec.formats.registry.MODELS`` for one test."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.tiny_gguf import TinySpec, write_tiny
-from verispec.models import registry
-from verispec.models.registry import ModelEntry, PartPackage
+from verispec.formats import registry
+from verispec.formats.registry import ModelEntry, PartPackage
 
 MODULE_SOURCE = """\
 import os

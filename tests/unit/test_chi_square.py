@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from verispec.certify import CertificationCase, chi_square_gof, grid
+from verispec.certify.core import CertificationCase, chi_square_gof, grid
 from verispec.config import SamplingParams
 from verispec.errors import ConfigError
 

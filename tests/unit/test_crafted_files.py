@@ -15,11 +15,11 @@ import pytest
 
 from tests.unit.tiny_gguf import TinySpec, write_tiny
 from verispec.errors import ModelLoadError, VerispecError
-from verispec.models.chat_template import ChatTemplateError, TemplateRenderer
-from verispec.models.gguf import GGUFModel
-from verispec.models.hf import load_hf_folder, read_hf_config
-from verispec.models.loader import load_model
-from verispec.models.tokenizer import Tokenizer
+from verispec.formats.chat_template import ChatTemplateError, TemplateRenderer
+from verispec.formats.gguf import GGUFModel
+from verispec.formats.hf import load_hf_folder, read_hf_config
+from verispec.formats.loader import load_model
+from verispec.formats.tokenizer import Tokenizer
 
 MAX_SECONDS = 10.0  # a class detector (a hang or a blow-up), not a speed test
 MAX_PYTHON_BYTES = 64 << 20

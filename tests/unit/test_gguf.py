@@ -14,9 +14,9 @@ from gguf import quants as gq
 
 from tests.unit.tiny_gguf import TinySpec, gguf_name, stored, write_tiny
 from verispec.errors import InputError, ModelLoadError, UnsupportedModelError
+from verispec.formats.gguf import GGUFModel, load_gguf, read_config
+from verispec.formats.gguf_file import GGUFFile
 from verispec.models.config import ModelConfig, RopeScaling
-from verispec.models.gguf import GGUFModel, load_gguf, read_config
-from verispec.models.gguf_file import GGUFFile
 
 
 def make(tmp_path: Path, **kw: object) -> tuple[Path, dict[str, np.ndarray], TinySpec]:

@@ -1,4 +1,4 @@
-"""Hugging Face folders (verispec.models.hf): config mapping, safetensors loading, typed errors, and
+"""Hugging Face folders (verispec.formats.hf): config mapping, safetensors loading, typed errors, and
 the generic transformers adapter.
 
 Folders are written by transformers' own ``save_pretrained`` from tiny random models built here
@@ -24,15 +24,15 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from verispec.errors import ConfigError, InputError, ModelLoadError, UnsupportedModelError
-from verispec.models.config import ModelConfig, RopeScaling
-from verispec.models.hf import (
+from verispec.formats.hf import (
     config_from_hf,
     load_hf_folder,
     read_hf_config,
     resolve_dtype,
 )
+from verispec.formats.tokenizer import Tokenizer
+from verispec.models.config import ModelConfig, RopeScaling
 from verispec.models.hf_adapter import HFCausalLMAdapter
-from verispec.models.tokenizer import Tokenizer
 from verispec.models.transformer import Transformer
 
 V = 101
@@ -216,7 +216,7 @@ def test_malformed_configs_are_load_errors(overrides: dict[str, Any]) -> None:
 
 
 def test_sliding_window_lowers_max_position(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="verispec.models.hf"):
+    with caplog.at_level(logging.WARNING, logger="verispec.formats.hf"):
         cfg = config_from_hf(llama_json(architectures=["MistralForCausalLM"], rope_scaling=None, sliding_window=64))
     assert cfg.max_position == 64 and "sliding-window" in caplog.text
     wide = config_from_hf(llama_json(architectures=["MistralForCausalLM"], rope_scaling=None, sliding_window=4096))

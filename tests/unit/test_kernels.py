@@ -11,7 +11,7 @@ import torch
 
 from tests.kernels import q4k_blocks, q4k_reference, require_kernels, w8a8_quantize_reference, w8a8_reference
 from verispec.errors import ConfigError
-from verispec.models.quants import dequantize
+from verispec.formats.dequant import dequantize
 
 gq = pytest.importorskip("gguf.quants")
 
@@ -241,8 +241,8 @@ def test_shapes_are_checked() -> None:
 
 
 def test_a_cpu_without_the_instructions_gets_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verispec.formats.loader import check_precision
     from verispec.kernels import build
-    from verispec.models.loader import check_precision
 
     monkeypatch.setattr(build._STATE, "module", None)
     monkeypatch.setattr(build, "missing_cpu_features", lambda: ["amx_tile", "amx_bf16"])

@@ -16,11 +16,11 @@ pytest.importorskip("gguf")
 from tests.unit.fake_parts import FakeModel, install_fake_model
 from tests.unit.tiny_gguf import TinySpec
 from verispec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
-from verispec.models import registry
-from verispec.models.convert import save_tokenizer
-from verispec.models.gguf import load_gguf
-from verispec.models.loader import LoadedModel, bf16_kernel_usable, load_model, load_pair
-from verispec.models.tokenizer import Tokenizer
+from verispec.formats import registry
+from verispec.formats.convert import save_tokenizer
+from verispec.formats.gguf import load_gguf
+from verispec.formats.loader import LoadedModel, bf16_kernel_usable, load_model, load_pair
+from verispec.formats.tokenizer import Tokenizer
 from verispec.models.transformer import Transformer
 
 
@@ -125,7 +125,7 @@ def test_hugging_face_folder_goes_through_hf_module(
         calls.append((Path(path), dtype, device))
         return load_gguf(fake.gguf, dtype)
 
-    monkeypatch.setitem(sys.modules, "verispec.models.hf", types.SimpleNamespace(load_hf_folder=load_hf_folder))
+    monkeypatch.setitem(sys.modules, "verispec.formats.hf", types.SimpleNamespace(load_hf_folder=load_hf_folder))
     loaded = load_model(folder, dtype="fp32")
     assert calls == [(folder, torch.float32, "cpu")]
     assert loaded.name == "hf-model" and loaded.source == folder and loaded.dtype == torch.float32
@@ -145,7 +145,7 @@ def test_load_pair_checks_compatibility(fake: FakeModel, tmp_path: Path) -> None
 
 
 def test_the_draft_precision_defaults_to_int8_where_the_kernels_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    from verispec.models import loader
+    from verispec.formats import loader
 
     monkeypatch.setattr(loader, "bf16_kernel_usable", lambda: True)
     assert loader.default_draft_dtype("bf16", "cpu") == "int8"

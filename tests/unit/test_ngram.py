@@ -107,9 +107,9 @@ def test_composite_lookup_runs_to_the_budget_and_the_model_keeps_the_scheduled_l
     without budgets (a fixed K) the scheduled length holds for both."""
     import torch
 
+    from verispec.certify.tiny import tiny_pair
     from verispec.drafters.composite import CompositeDrafter
     from verispec.drafters.model import ModelDrafter
-    from verispec.models.tiny import tiny_pair
 
     _, draft = tiny_pair(8)
     d = CompositeDrafter(NgramDrafter(), ModelDrafter(draft, vocab_size=8, max_batch=4, max_len=64))

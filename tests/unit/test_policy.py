@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from verispec.certify.tiny import tiny_pair
 from verispec.config import SamplingParams
 from verispec.engine import calibrate as calib
 from verispec.engine.calibrate import CostTable, load_or_calibrate
 from verispec.engine.policy import FixedPolicy, MeasuredPolicy
 from verispec.engine.request import Request
-from verispec.models.tiny import tiny_pair
 
 
 def requests(n: int) -> list[Request]:

@@ -11,7 +11,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 
 from verispec.errors import InputError, UnsupportedModelError  # noqa: E402
-from verispec.models.quants import FORMATS, SUPPORTED_TYPES, dequantize, dequantize_blocks  # noqa: E402
+from verispec.formats.dequant import FORMATS, SUPPORTED_TYPES, dequantize, dequantize_blocks  # noqa: E402
 
 QUANTISED = [t for t in SUPPORTED_TYPES if t not in ("F32", "F16", "BF16")]
 

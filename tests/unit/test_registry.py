@@ -15,12 +15,12 @@ import torch
 pytest.importorskip("gguf")
 from tests.unit.fake_parts import FakeModel, install_fake_model
 from verispec.errors import ConfigError, ModelLoadError
-from verispec.models import convert, registry
+from verispec.formats import convert, registry
+from verispec.formats.files import TEMP_SUFFIX, atomic_path
+from verispec.formats.gguf import load_gguf, read_config
+from verispec.formats.registry import ModelEntry, PartPackage
+from verispec.formats.tokenizer import Tokenizer
 from verispec.models.config import ModelConfig
-from verispec.models.files import TEMP_SUFFIX, atomic_path
-from verispec.models.gguf import load_gguf, read_config
-from verispec.models.registry import ModelEntry, PartPackage
-from verispec.models.tokenizer import Tokenizer
 
 FILES = {
     "model.gguf",

@@ -11,7 +11,7 @@ pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 from tests.unit.tiny_gguf import CHAT_TEMPLATE, TinySpec, tokenizer_tokens, write_tiny
 from verispec.errors import InputError, ModelLoadError, UnsupportedModelError
-from verispec.models.tokenizer import Tokenizer
+from verispec.formats.tokenizer import Tokenizer
 
 TEXTS = [
     "",
@@ -109,7 +109,7 @@ def test_template_features_match_transformers_environment(tiny_path: Path) -> No
     )
     out = tok.apply_chat_template([{"role": "u", "content": "é<b>"}, {"role": "x"}], tools=[{"n": 1}])
     assert out == '{"role": "u", "content": "é<b>"}[\n {\n  "n": 1\n }\n]'  # no HTML escaping, no ASCII escaping
-    from verispec.models.chat_template import ChatTemplateError
+    from verispec.formats.chat_template import ChatTemplateError
 
     with pytest.raises(ChatTemplateError, match="bad input"):
         tok.apply_chat_template([], bad=True)

@@ -16,10 +16,10 @@ pytest.importorskip("gguf")
 from tests.unit.tiny_gguf import TinySpec, tokenizer_tokens, write_tiny
 from verispec.config import SamplingParams
 from verispec.errors import IncompatibleModelsError, InputError
-from verispec.models.convert import save_tokenizer
-from verispec.models.gguf_file import GGUFFile
-from verispec.models.tokenizer import Tokenizer
-from verispec.models.vocab import SharedVocab, check_compatible, gguf_vocab_size, mask_logits, restrict_logits
+from verispec.formats.convert import save_tokenizer
+from verispec.formats.gguf_file import GGUFFile
+from verispec.formats.tokenizer import Tokenizer
+from verispec.formats.vocab import SharedVocab, check_compatible, gguf_vocab_size, mask_logits, restrict_logits
 from verispec.sampling import to_probs
 
 

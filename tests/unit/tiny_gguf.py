@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFEndian, GGUFWriter, TokenType
 from gguf import quants as gq
 
-# HF suffix -> llama.cpp suffix, the inverse of verispec.models.gguf's table.
+# HF suffix -> llama.cpp suffix, the inverse of verispec.formats.gguf's table.
 LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",

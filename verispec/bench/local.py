@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from verispec.config import EngineConfig
-from verispec.engine.api import Pipeline, build
 from verispec.engine.engine import Engine, StepRecord
 from verispec.errors import ConfigError
+from verispec.pipeline import Pipeline, build
 
 log = logging.getLogger(__name__)
 

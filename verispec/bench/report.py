@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from verispec.models.files import atomic_path
+from verispec.formats.files import atomic_path
 
 COLORS = {"baseline": "#4c72b0", "spec": "#dd8452", "predicted": "#55a868"}
 VERDICT_COLORS = {"GO": "#2e7d32", "NO-GO": "#c62828", "INCONCLUSIVE": "#9e6a00"}

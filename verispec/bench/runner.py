@@ -175,7 +175,7 @@ def plot_acceptance(reports: Sequence[SetReport], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verispec.models.files import atomic_path
+    from verispec.formats.files import atomic_path
 
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / max(len(reports), 1)

@@ -68,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from verispec.bench.prompts import SET_NAMES, prompt_set
     from verispec.bench.runner import bench_set, plot_acceptance
     from verispec.config import EngineConfig
-    from verispec.engine.api import build, chat_prompt
     from verispec.engine.engine import Engine
     from verispec.errors import ConfigError
+    from verispec.pipeline import build, chat_prompt
 
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
     unknown = [s for s in sets if s not in SET_NAMES]

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from verispec.certify import ToySetup, grid, negative_controls, run_cases
+    from verispec.certify.core import ToySetup, grid, negative_controls, run_cases
 
     if args.samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {args.samples}")
@@ -248,8 +248,8 @@ def run_engine(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from verispec.certify import EngineCase, certify_engine_case
-    from verispec.engine.api import check_device
+    from verispec.certify.core import EngineCase, certify_engine_case
+    from verispec.pipeline import check_device
     from verispec.verify.broken import AlwaysAcceptRule, ResidualIsTargetRule
 
     if args.drafter not in ("model", "ngram", "composite"):

@@ -32,7 +32,7 @@ def _k(text: str) -> int | None:
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Options shared by the commands that load a model pair."""
-    from verispec.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+    from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
     p.add_argument(
         "--target",
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from verispec.config import check_text
-    from verispec.engine.api import build, chat_prompt
+    from verispec.pipeline import build, chat_prompt
 
     params = sampling_params(args)
     check_text("prompt", args.prompt)  # before any model loads

@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
     from verispec.bench.loadgen import Load, RequestOptions, check_endpoint, parse_endpoint, record_dict, sweep
     from verispec.errors import ConfigError
-    from verispec.models.files import write_json
+    from verispec.formats.files import write_json
 
     parse_endpoint(args.endpoint)
     for name in ("max_tokens", "timeout"):

@@ -1,6 +1,6 @@
 """``verispec models``: list, prepare, verify, remove and locate the models of the registry.
 
-The work is :mod:`verispec.models.registry`'s; this module parses, shows progress (stderr) and prints.
+The work is :mod:`verispec.formats.registry`'s; this module parses, shows progress (stderr) and prints.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _size(n: int) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from verispec.models import registry
+    from verispec.formats import registry
 
     statuses = registry.list_models()
     if args.json:
@@ -121,7 +121,7 @@ _BYTE_STAGES = {"join": "joining parts + sha256", "convert": "writing bf16 weigh
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from verispec.models import registry
+    from verispec.formats import registry
 
     if args.all and args.names:
         raise ConfigError("give model names or --all, not both")
@@ -152,7 +152,7 @@ def _prepare_one(name: str, force: bool, *, show_progress: bool) -> Any:
         TransferSpeedColumn,
     )
 
-    from verispec.models import registry
+    from verispec.formats import registry
 
     bars = Progress(
         TextColumn("{task.description}"),
@@ -182,7 +182,7 @@ def _prepare_one(name: str, force: bool, *, show_progress: bool) -> Any:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from verispec.models import registry
+    from verispec.formats import registry
 
     names = args.names or [registry.DEFAULT_DRAFT, registry.DEFAULT_TARGET]
     for name in names:
@@ -200,7 +200,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_remove(args: argparse.Namespace) -> int:
-    from verispec.models import registry
+    from verispec.formats import registry
 
     folder = registry.model_dir(args.name)
     if not folder.exists():
@@ -220,7 +220,7 @@ def run_remove(args: argparse.Namespace) -> int:
 
 def run_path(args: argparse.Namespace) -> int:
     from verispec.errors import ModelLoadError
-    from verispec.models import registry
+    from verispec.formats import registry
 
     folder = registry.model_dir(args.name)
     if not registry.is_prepared(args.name):

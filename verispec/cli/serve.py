@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     from rich.console import Console
 
-    from verispec.engine.api import build
+    from verispec.pipeline import build
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY")
     if api_key is not None and not api_key:

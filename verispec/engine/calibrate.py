@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from verispec.models.files import write_json
+from verispec.formats.files import write_json
 from verispec.models.protocol import LanguageModel
 
 log = logging.getLogger(__name__)

@@ -38,8 +38,8 @@ from verispec.drafters.base import BatchView, Drafter
 from verispec.engine.policy import DraftPolicy, make_policy
 from verispec.engine.request import Request, RequestOutput
 from verispec.errors import ConfigError, InputError, VerispecError
+from verispec.formats.tokenizer import Tokenizer
 from verispec.models.protocol import LanguageModel
-from verispec.models.tokenizer import Tokenizer
 from verispec.sampling import Laws, TokenHistory, build_laws, make_generator
 from verispec.verify import Draft, make_rule
 

@@ -107,7 +107,7 @@ def compiler() -> str | None:
 
 def cache_dir(home: Path | None = None) -> Path:
     """``$VERISPEC_HOME/kernels`` (default ``~/.cache/verispec/kernels``; the same home as the
-    model cache of :mod:`verispec.models.registry`, read here so that kernels import no model code)."""
+    model cache of :mod:`verispec.formats.registry`, read here so that kernels import no model code)."""
     if home is None:
         home = Path(os.environ.get("VERISPEC_HOME") or Path.home() / ".cache" / "verispec").expanduser()
     return home / "kernels"

@@ -1,5 +1,6 @@
-"""Models: the transformer runtime, its KV cache, loaders (GGUF, Hugging Face folders), the default
-model pairs, and toy Markov-chain models with exactly computable laws (:mod:`verispec.models.toy`).
+"""The runtime that executes a model: the transformer (Llama / Qwen2 family), its KV cache, RoPE,
+layers by precision, the config dataclass, the :class:`~verispec.models.protocol.LanguageModel`
+protocol, and the transformers fallback adapter. Weights come from :mod:`verispec.formats`.
 
 Import the submodule you need; this package imports nothing heavy on its own.
 """

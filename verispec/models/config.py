@@ -1,6 +1,6 @@
 """The shape of a decoder-only transformer of the Llama / Qwen2 family, as one frozen dataclass.
 
-:class:`ModelConfig` is what every loader produces (:mod:`verispec.models.gguf` from a GGUF file's
+:class:`ModelConfig` is what every loader produces (:mod:`verispec.formats.gguf` from a GGUF file's
 ``{arch}.*`` metadata; a Hugging Face ``config.json`` maps onto it one key for one key) and what the
 runtime (:mod:`verispec.models.transformer`) consumes. Field names follow Hugging Face's
 ``LlamaConfig`` / ``Qwen2Config`` where one exists, so a reader who knows those knows these.
@@ -11,7 +11,7 @@ Model family facts this dataclass encodes:
   ``num_heads % num_kv_heads == 0``; each head has ``head_dim`` channels (usually
   ``hidden_size // num_heads``, but not always, so it is stored, never recomputed);
 - rotary position embeddings (RoPE, Su et al. 2021) with base ``rope_theta``, applied in Hugging
-  Face's "rotate half" layout (see :mod:`verispec.models.gguf` for llama.cpp's interleaved layout);
+  Face's "rotate half" layout (see :mod:`verispec.formats.gguf` for llama.cpp's interleaved layout);
 - RMSNorm with ``rms_norm_eps`` and a SwiGLU MLP of width ``intermediate_size``;
 - Qwen2 has biases on the q/k/v projections (``attention_bias``), Llama has none.
 """

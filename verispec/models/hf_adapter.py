@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from verispec.errors import ConfigError, InputError, ModelLoadError, UnsupportedModelError, VerispecError
+from verispec.formats.hf import _read_json, _rope, _token, _weight_files, config_from_hf, resolve_dtype
 from verispec.models.config import ModelConfig
-from verispec.models.hf import _read_json, _rope, _token, _weight_files, config_from_hf, resolve_dtype
 from verispec.models.transformer import ForwardOutput
 
 

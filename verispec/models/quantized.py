@@ -43,9 +43,9 @@ import torch
 from torch import Tensor
 
 from verispec.errors import ConfigError
+from verispec.formats.files import ProgressFn, locked
+from verispec.formats.gguf import GGUFModel
 from verispec.models.config import ModelConfig
-from verispec.models.files import ProgressFn, locked
-from verispec.models.gguf import GGUFModel
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def load_or_pack(
 ) -> dict[str, Tensor]:  # fmt: skip
     """The packed projections of the prepared model in ``folder``, from its cache file, which is
     (re)built from ``gguf_path`` first when missing or stale (see the module docstring)."""
-    from verispec.models.convert import load_safetensors, read_metadata, write_tensors
+    from verispec.formats.convert import load_safetensors, read_metadata, write_tensors
 
     path = cache_path(folder, precision)
     wanted = {"packing": PACK_FORMAT, "precision": precision, "source_sha256": source_sha256}

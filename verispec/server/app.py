@@ -12,7 +12,7 @@ rebinding (:mod:`verispec.server.hosts`); with an API key, ``/v1/*`` and ``/metr
 background thread of :mod:`verispec.server.runner`.
 
 :func:`create_app` takes an already-built :class:`~verispec.engine.Engine` (or the
-:class:`~verispec.engine.api.Pipeline` that holds one), so that tests and embedders choose the
+:class:`~verispec.pipeline.Pipeline` that holds one), so that tests and embedders choose the
 models; ``verispec serve`` builds the pipeline from the command line and runs the app in uvicorn.
 """
 
@@ -37,10 +37,10 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from verispec.config import SamplingParams
-from verispec.engine.api import Pipeline
 from verispec.engine.engine import Engine
 from verispec.engine.request import RequestOutput
 from verispec.errors import VerispecError
+from verispec.pipeline import Pipeline
 from verispec.server import responses
 from verispec.server.config import DEFAULT_BYTES_PER_TOKEN, ServerConfig
 from verispec.server.errors import APIError, error_body, install_error_handlers, validation_error

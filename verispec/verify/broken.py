@@ -1,11 +1,11 @@
 """Deliberately WRONG acceptance rules: the negative controls of certification.
 
 A certification that never fails proves nothing. Each class here is :class:`RejectionRule` with
-exactly one step broken, in a way seen in real implementations; :mod:`verispec.certify` must reject
+exactly one step broken, in a way seen in real implementations; :mod:`verispec.certify.core` must reject
 every one of them with the same test (same sample sizes, same significance level) that the real
 rules pass. Never use them to generate text. (The fourth classic bug, a drafter whose reported
 ``draft_probs`` are not the law it sampled from, lives on the drafter side:
-:class:`verispec.models.toy.MisreportingToyDrafter`.)
+:class:`verispec.certify.toy.MisreportingToyDrafter`.)
 """
 
 from __future__ import annotations

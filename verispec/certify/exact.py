@@ -4,7 +4,7 @@ For a model with a small vocabulary (tiny transformers built in code), the law o
 sampled tokens after a prompt, under any :class:`~verispec.config.SamplingParams`, is computed by
 running every one of the ``V ** t`` prefixes of each length ``t < n`` through the model and
 multiplying the :func:`~verispec.sampling.to_probs` conditionals, the same function and the same
-vocabulary cut the engine uses. :mod:`verispec.certify` compares the engine's samples with it.
+vocabulary cut the engine uses. :mod:`verispec.certify.core` compares the engine's samples with it.
 """
 
 from __future__ import annotations

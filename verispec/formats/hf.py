@@ -17,7 +17,7 @@ Qwen2 with ``use_sliding_window``) is not implemented; since full attention equa
 attention while a sequence fits in the window, such a config is loaded with ``max_position``
 lowered to the window (a warning says so), and refused when it also scales RoPE (whose result
 depends on ``max_position``). ``eos_token_id`` may be a list; ModelConfig keeps its first id (the
-tokenizer, :meth:`~verispec.models.tokenizer.Tokenizer.from_hf_folder`, keeps all stop ids).
+tokenizer, :meth:`~verispec.formats.tokenizer.Tokenizer.from_hf_folder`, keeps all stop ids).
 
 **Adapter** (:class:`HFCausalLMAdapter`). Any causal LM transformers can run (GPT-2, GPT-NeoX,
 Phi, ...), behind the interface the engine uses for ``Transformer``: ``config``, ``dtype``,

@@ -2,7 +2,7 @@
 
 ``spec`` is one of:
 
-- a registry name (:mod:`verispec.models.registry`, e.g. ``qwen2.5-coder-1.5b-instruct``) of a
+- a registry name (:mod:`verispec.formats.registry`, e.g. ``qwen2.5-coder-1.5b-instruct``) of a
   prepared model: bf16 maps ``bf16.safetensors`` (seconds; pages come in on first use, shared with
   the page cache), fp32 dequantises ``model.gguf`` (exact values, slower), int4 / int8 map the
   packed projections cached in ``int4.safetensors`` / ``int8.safetensors`` (packed from
@@ -14,7 +14,7 @@
 - a path to a ``.gguf`` file, dequantised directly to the requested dtype (int4 / int8: its
   projections packed at load time, nothing cached);
 - a path to a Hugging Face folder (``config.json``, ``*.safetensors``, ``tokenizer.json``), read by
-  :func:`verispec.models.hf.load_hf_folder` and :meth:`Tokenizer.from_hf_folder` (int8 quantises
+  :func:`verispec.formats.hf.load_hf_folder` and :meth:`Tokenizer.from_hf_folder` (int8 quantises
   its weights at load time; int4 needs GGUF Q4_K weights and is refused).
 
 Precisions (``dtype``): "fp32" (the exact reference), "bf16", and the weight-only quantised "int8"
@@ -27,7 +27,7 @@ torch's kernels.
 
 A registry name wins over a folder of the same name in the current directory; write ``./NAME``
 for the folder. :func:`load_pair` loads a target and its draft and checks that their vocabularies
-pair (:func:`verispec.models.vocab.check_compatible`).
+pair (:func:`verispec.formats.vocab.check_compatible`).
 """
 
 from __future__ import annotations
@@ -43,9 +43,8 @@ from typing import Any, Literal
 import torch
 
 from verispec.errors import ConfigError, ModelLoadError
-from verispec.models.config import ModelConfig
-from verispec.models.files import ProgressFn, read_json
-from verispec.models.registry import (
+from verispec.formats.files import ProgressFn, read_json
+from verispec.formats.registry import (
     CONFIG_FILE,
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
@@ -57,9 +56,10 @@ from verispec.models.registry import (
     model_dir,
     read_marker,
 )
-from verispec.models.tokenizer import Tokenizer
+from verispec.formats.tokenizer import Tokenizer
+from verispec.formats.vocab import SharedVocab, check_compatible
+from verispec.models.config import ModelConfig
 from verispec.models.transformer import ROPE_FREQS_KEY, Transformer
-from verispec.models.vocab import SharedVocab, check_compatible
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class LoadedModel:
 
     ``vocab_size`` is the number of ids the tokenizer really defines; ``logits_width``
     (``config.vocab_size``) the number of logits columns the model returns, which may be larger
-    (padded embeddings). See :mod:`verispec.models.vocab` for how the engine reconciles them.
+    (padded embeddings). See :mod:`verispec.formats.vocab` for how the engine reconciles them.
     """
 
     name: str  # registry name, or the file / folder name
@@ -170,7 +170,7 @@ def _stage(progress: ProgressFn | None) -> Callable[[str, int, int], None] | Non
 
 
 def _load_prepared(folder: Path, name: str, precision: str, device: str, progress: ProgressFn | None) -> _Loaded:
-    from verispec.models.convert import CONFIG_FORMAT, load_safetensors
+    from verispec.formats.convert import CONFIG_FORMAT, load_safetensors
 
     dtype = DTYPES[precision]
 
@@ -200,7 +200,7 @@ def _load_prepared(folder: Path, name: str, precision: str, device: str, progres
         source = folder / WEIGHTS_FILE
         state = load_safetensors(source)
     else:
-        from verispec.models.gguf import GGUFModel
+        from verispec.formats.gguf import GGUFModel
 
         source = folder / GGUF_FILE
         state = GGUFModel(source).state_dict(dtype, progress=_stage(progress))
@@ -209,8 +209,8 @@ def _load_prepared(folder: Path, name: str, precision: str, device: str, progres
 
 
 def _load_gguf(path: Path, precision: str, device: str, progress: ProgressFn | None) -> _Loaded:
-    from verispec.models.gguf import GGUFModel
-    from verispec.models.vocab import gguf_vocab_size
+    from verispec.formats.gguf import GGUFModel
+    from verispec.formats.vocab import gguf_vocab_size
 
     dtype = DTYPES[precision]
     gguf = GGUFModel(path)
@@ -232,7 +232,7 @@ def _load_gguf(path: Path, precision: str, device: str, progress: ProgressFn | N
 
 
 def _load_hf(path: Path, precision: str, device: str) -> _Loaded:
-    from verispec.models.hf import load_hf_folder  # written separately; imported only when needed
+    from verispec.formats.hf import load_hf_folder  # written separately; imported only when needed
 
     dtype = DTYPES[precision]
     if precision in QUANTIZED:
@@ -325,7 +325,7 @@ def load_pair(
     """``(target, draft)``, each loaded by :func:`load_model` with the same keyword arguments, and
     checked to pair by :func:`check_compatible` (:class:`IncompatibleModelsError` otherwise). The
     engine should keep ``check_compatible(target, draft).vocab_size`` to restrict both models'
-    logits (see :mod:`verispec.models.vocab`)."""
+    logits (see :mod:`verispec.formats.vocab`)."""
     target = load_model(target_spec, **kwargs)
     draft = load_model(draft_spec, **kwargs)
     check_compatible(target, draft)

@@ -22,7 +22,7 @@ the original Hugging Face tokenizer. Pass ``nfc=True`` to :meth:`Tokenizer.from_
 
 Chat templates render the way transformers renders them (sandboxed Jinja, ``trim_blocks``,
 ``lstrip_blocks``, ``loopcontrols``, a ``tojson`` that keeps non-ASCII, ``raise_exception``), in a
-child process with time, memory and output limits (:mod:`verispec.models.chat_template`): a
+child process with time, memory and output limits (:mod:`verispec.formats.chat_template`): a
 template comes with a model file and is code written by someone else.
 """
 
@@ -41,8 +41,8 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
 from verispec.errors import InputError, ModelLoadError, UnsupportedModelError
-from verispec.models.chat_template import RENDERER
-from verispec.models.gguf_file import GGUFFile
+from verispec.formats.chat_template import RENDERER
+from verispec.formats.gguf_file import GGUFFile
 
 #: Qwen2 / Qwen2.5 pre-tokenizer split (Qwen's tokenizer.json; llama.cpp pre = "qwen2").
 QWEN2_SPLIT = (
@@ -307,9 +307,9 @@ class Tokenizer:
     ) -> str:
         """The prompt text for ``messages`` (``[{"role": ..., "content": ...}, ...]``), rendered
         with the model's chat template as transformers does, in a child process with time, memory
-        and output limits (:mod:`verispec.models.chat_template`); encode it with
+        and output limits (:mod:`verispec.formats.chat_template`); encode it with
         ``add_special_tokens=False``. ``extra`` goes to the template as variables (JSON data).
-        Raises :class:`~verispec.models.chat_template.ChatTemplateError` when it fails."""
+        Raises :class:`~verispec.formats.chat_template.ChatTemplateError` when it fails."""
         if self.chat_template is None:
             raise InputError("this tokenizer has no chat template; format the prompt yourself")
         specials = {

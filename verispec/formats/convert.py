@@ -1,9 +1,9 @@
 """The files of a prepared model folder: written once, atomically, and read back fast.
 
-A prepared folder (see :mod:`verispec.models.registry`) holds, beside the verified ``model.gguf``:
+A prepared folder (see :mod:`verispec.formats.registry`) holds, beside the verified ``model.gguf``:
 
 - ``bf16.safetensors``: every tensor of the GGUF model dequantised once (bit-exact, see
-  :mod:`verispec.models.quants`) and rounded to bf16, under its Hugging Face name. The file is
+  :mod:`verispec.formats.dequant`) and rounded to bf16, under its Hugging Face name. The file is
   written tensor by tensor (the header first, from the tensor shapes), so converting never holds
   more than one dequantised tensor in memory. Tensors the runtime reads in fp32 whatever the model
   dtype (``model.rope_freqs``) stay F32. Reading maps the file copy-on-write
@@ -18,7 +18,7 @@ Safetensors layout (the ``safetensors`` package's format): ``u64 n`` little-endi
 JSON header (``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``,
 padded with spaces to a multiple of 8), then the data, tensors back to back without holes.
 
-Every file goes through :func:`verispec.models.files.atomic_path`: written to a hidden temporary
+Every file goes through :func:`verispec.formats.files.atomic_path`: written to a hidden temporary
 file in the same folder, flushed to disk, then renamed over the final name, so a reader never sees
 half a file.
 """
@@ -39,9 +39,9 @@ import torch
 from torch import Tensor
 
 from verispec.errors import ModelLoadError
-from verispec.models.files import ProgressFn, atomic_path, write_json
-from verispec.models.gguf import GGUFModel
-from verispec.models.tokenizer import Tokenizer
+from verispec.formats.files import ProgressFn, atomic_path, write_json
+from verispec.formats.gguf import GGUFModel
+from verispec.formats.tokenizer import Tokenizer
 from verispec.models.transformer import ROPE_FREQS_KEY
 
 CONFIG_FORMAT = "verispec.ModelConfig/1"

@@ -2,7 +2,7 @@
 
 :func:`tiny_pair` makes a target and a draft that resembles it (the target's weights plus noise),
 so that speculation accepts often but not always, on a vocabulary small enough for exact laws
-(:mod:`verispec.models.exact`).
+(:mod:`verispec.certify.exact`).
 """
 
 from __future__ import annotations

@@ -179,5 +179,5 @@ class TemplateRenderer:
             self._proc.kill()
 
 
-#: The renderer every :class:`~verispec.models.tokenizer.Tokenizer` uses.
+#: The renderer every :class:`~verispec.formats.tokenizer.Tokenizer` uses.
 RENDERER = TemplateRenderer()

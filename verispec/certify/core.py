@@ -10,12 +10,12 @@ variation distance between the empirical and the exact law.
 Rules of the method (ARCHITECTURE section 6): the tested prefix is LONGER than K, or the bonus
 token is never observed; the significance level is small (alpha = 1e-6) with fixed seeds, so that a
 correct rule essentially never fails by chance; and deliberately broken rules (negative controls,
-:mod:`verispec.verify.broken` and :class:`~verispec.models.toy.MisreportingToyDrafter`) must FAIL
+:mod:`verispec.verify.broken` and :class:`~verispec.certify.toy.MisreportingToyDrafter`) must FAIL
 the very same test, which shows the test has the power to see the defects that matter.
 
 The sampler under test is any function ``(num_sequences, seed) -> tokens [N, n]``
 (:func:`certify_sampler`); :func:`certify_case` builds one from the toy Markov models of
-:mod:`verispec.models.toy`, whose exact law is computable by enumeration.
+:mod:`verispec.certify.toy`, whose exact law is computable by enumeration.
 """
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ import torch
 from scipy import stats
 from torch import Tensor
 
-from verispec.config import SamplingParams
-from verispec.errors import ConfigError
-from verispec.models.toy import (
+from verispec.certify.toy import (
     MarkovLM,
     MisreportingToyDrafter,
     ToyDrafter,
@@ -42,6 +40,8 @@ from verispec.models.toy import (
     sequence_index,
     toy_pair,
 )
+from verispec.config import SamplingParams
+from verispec.errors import ConfigError
 from verispec.verify import GreedyRule, RejectionRule, TypicalRule
 from verispec.verify.base import AcceptanceRule
 from verispec.verify.broken import BROKEN_RULES
@@ -120,7 +120,7 @@ def chi_square_gof(counts: np.ndarray, law: np.ndarray, min_expected: float = MI
 
 @dataclass(frozen=True)
 class ToySetup:
-    """The toy target/draft pair certification runs on (see :func:`verispec.models.toy.toy_pair`)."""
+    """The toy target/draft pair certification runs on (see :func:`verispec.certify.toy.toy_pair`)."""
 
     vocab_size: int = 4
     order: int = 1
@@ -241,7 +241,7 @@ def certify_sampler(
     seed: int,
 ) -> GoodnessOfFit:
     """Test any sampler ``(num_sequences, seed) -> tokens [N, n]`` against the exact ``law`` of the
-    first ``n`` tokens (``[V ** n]``, indexed by :func:`~verispec.models.toy.sequence_index`)."""
+    first ``n`` tokens (``[V ** n]``, indexed by :func:`~verispec.certify.toy.sequence_index`)."""
     tokens = sampler(num_sequences, seed)
     counts = np.bincount(sequence_index(tokens, vocab_size), minlength=law.shape[0])
     return chi_square_gof(counts, law)
@@ -389,11 +389,11 @@ def certify_engine_case(
     engine there (the exact law is always computed on the CPU in fp32)."""
     from dataclasses import replace
 
+    from verispec.certify.exact import exact_prefix_law_lm
+    from verispec.certify.tiny import tiny_pair
     from verispec.config import EngineConfig
     from verispec.drafters.registry import make_drafter
     from verispec.engine import Engine
-    from verispec.models.exact import exact_prefix_law_lm
-    from verispec.models.tiny import tiny_pair
 
     if case.k is not None and case.prefix_len <= case.k:
         raise ConfigError("the tested prefix must be longer than K, or bonus tokens go untested")

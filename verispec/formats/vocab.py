@@ -36,15 +36,15 @@ import torch
 from torch import Tensor
 
 from verispec.errors import IncompatibleModelsError, InputError
-from verispec.models.gguf_file import GGUFFile
-from verispec.models.tokenizer import Tokenizer
+from verispec.formats.gguf_file import GGUFFile
+from verispec.formats.tokenizer import Tokenizer
 
 _UNUSED = 5  # GGUF token type of padding placeholders
 
 
 class VocabModel(Protocol):
     """What :func:`check_compatible` reads of a model: a
-    :class:`~verispec.models.loader.LoadedModel`."""
+    :class:`~verispec.formats.loader.LoadedModel`."""
 
     @property
     def name(self) -> str: ...
