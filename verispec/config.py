@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verispec.errors import ConfigError
-
-RULE_NAMES = ("rejection", "greedy", "typical")
-
+from verispec.names import RULES
 
 #: The ranges every numeric sampling parameter is held to, checked once by :class:`SamplingParams`
 #: for the CLI, the Python API and the server alike. Inside them the fp32 arithmetic of
@@ -189,8 +187,8 @@ class SpecConfig:
             raise ConfigError(
                 f"num_draft_tokens (K) must be >= 1, got {k}; to turn speculation off, decode without a drafter"
             )
-        if self.rule not in RULE_NAMES:
-            raise ConfigError(f"unknown acceptance rule {self.rule!r}; choose one of {', '.join(RULE_NAMES)}")
+        if self.rule not in RULES:
+            raise ConfigError(f"unknown acceptance rule {self.rule!r}; choose one of {', '.join(RULES)}")
         if self.rule == "typical" and not self.allow_lossy:
             raise ConfigError(
                 "rule 'typical' does not preserve the target distribution; "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.config import EngineConfig, SamplingParams
-from verispec.drafters.registry import DRAFTER_NAMES, make_drafter
+from verispec.drafters.registry import make_drafter
 from verispec.engine.engine import Engine
 from verispec.engine.request import RequestOutput
 from verispec.errors import ConfigError
@@ -29,8 +29,7 @@ from verispec.formats.loader import (
     default_draft_dtype,
     load_model,
 )
-
-DTYPE_NAMES = ("fp32", "bf16", "int8", "int4")
+from verispec.names import DRAFTERS, MODEL_DRAFTERS, PRECISIONS
 
 
 @dataclass
@@ -75,13 +74,13 @@ def build(
     :func:`~verispec.formats.loader.default_draft_dtype`: int8 where the CPU kernels run, else
     ``dtype``); ``draft_head``: score only the first N token ids (and the stop ids) with the draft
     model."""
-    if drafter not in DRAFTER_NAMES:
-        raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
-    if draft_dtype is None and drafter in ("model", "composite") and dtype in DTYPE_NAMES:
+    if drafter not in DRAFTERS:
+        raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
+    if draft_dtype is None and drafter in MODEL_DRAFTERS and dtype in PRECISIONS:
         draft_dtype = default_draft_dtype(dtype, device)
     for name, value in (("dtype", dtype), ("draft dtype", draft_dtype or dtype)):
-        if value not in DTYPE_NAMES:
-            raise ConfigError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
+        if value not in PRECISIONS:
+            raise ConfigError(f"{name} must be one of {', '.join(PRECISIONS)}, got {value!r}")
     device = check_device(device)
     for value in {dtype, draft_dtype or dtype}:
         check_precision(value, device)  # before any loading: int4/int8 need this CPU's AMX kernels
@@ -89,7 +88,7 @@ def build(
     target_model = load_model(target, dtype=dtype, device=device, progress=progress)
     draft_model = None
     vocab = target_model.vocab_size
-    if drafter in ("model", "composite"):
+    if drafter in MODEL_DRAFTERS:
         if draft is None:
             raise ConfigError(f"drafter {drafter!r} needs a draft model; pass one or use the ngram drafter")
         draft_model = load_model(draft, dtype=draft_dtype or dtype, device=device, progress=progress)

@@ -55,6 +55,15 @@ _NUCLEUS_RATIOS = (1e-4, 1e-7)
 _SMALL_VOCAB = 1024
 
 
+def cut_vocab(logits: Tensor, vocab_limit: int) -> Tensor:
+    """Give ids ``>= vocab_limit`` (embedding padding past the tokenizer) probability 0, in place.
+    ``logits`` ``[..., V]``. Every model's logits go through it before :func:`to_probs`, so the
+    draft and target laws share one support and no undecodable id is ever produced."""
+    if logits.shape[-1] > vocab_limit:
+        logits[..., vocab_limit:] = float("-inf")
+    return logits
+
+
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     """A fresh generator for one request: seeded with ``seed``, or from OS entropy when None."""
     gen = torch.Generator(device=device)

@@ -16,7 +16,8 @@ pytest.importorskip("uvicorn")
 
 from tests.integration.serving import models, tiny_engine
 from tests.unit.tiny_gguf import TinySpec, write_tiny
-from verispec.bench.gate import Deployment, GateSettings, run_gate
+from verispec.bench.gate import run_gate
+from verispec.bench.gate_types import Deployment, GateSettings
 from verispec.bench.loadgen import PromptItem
 from verispec.bench.local import baseline_engine, serve_pair
 from verispec.bench.quality import HumanEvalExecutor, run_sandboxed, teacher_forced_nll

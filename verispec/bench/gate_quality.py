@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from verispec.bench.gate_types import Deployment, GateProgress, GateSettings, Run, pairs_of
 from verispec.bench.loadgen import Client, Load, PromptItem, RequestOptions, RequestRecord, run_level
 from verispec.bench.quality import (
     HELD_OUT_TEXT,
@@ -24,9 +25,6 @@ from verispec.bench.quality import (
 )
 from verispec.errors import ConfigError
 
-if TYPE_CHECKING:
-    from verispec.bench.gate import Deployment, GateProgress, GateSettings, Run
-
 PPL_PREFIX = 8  # tokens fed in one pass before scoring starts (the same in both configurations)
 
 
@@ -40,7 +38,6 @@ def measure_quality(
     progress: GateProgress,
     k_hint: int | None = None,
 ) -> dict[str, Any]:
-    from verispec.bench.gate import pairs_of
 
     pairs = [(b.text, s.text) for per in runs for b, s in pairs_of(per["baseline"], per["spec"])]
     equality = greedy_equality(pairs)

@@ -45,9 +45,9 @@ import numpy as np
 import torch
 
 from verispec.bench.stats import mean_ci, paired_proportion_diff
-from verispec.engine.engine import cut_vocab
 from verispec.errors import ConfigError
 from verispec.models.protocol import LanguageModel
+from verispec.sampling import cut_vocab
 
 # Codex's stop sequences for HumanEval completions, plus the end of a Markdown code block.
 HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```")

@@ -16,10 +16,9 @@ import numpy as np
 import torch
 
 from verispec.config import SamplingParams
-from verispec.engine.engine import cut_vocab
 from verispec.errors import ConfigError
 from verispec.models.protocol import LanguageModel
-from verispec.sampling import TokenHistory, to_probs
+from verispec.sampling import TokenHistory, cut_vocab, to_probs
 
 
 @torch.inference_mode()

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from verispec.cli.generate import add_model_options, add_sampling_options, sampling_params
+from verispec.cli.options import add_model_options, add_sampling_options, sampling_params
 
 EPILOG = """\
 examples:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from verispec.config import SamplingParams
 from verispec.errors import ConfigError
+from verispec.names import DRAFTERS, RULES
 
 T = TypeVar("T")
 
@@ -73,7 +74,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--rule",
         default="rejection",
-        choices=["rejection", "greedy", "typical"],
+        choices=RULES,
         help="acceptance rule to certify: rejection (lossless speculative sampling), greedy (argmax "
         "matching, exact only at temperature 0), typical (Medusa typical acceptance, lossy; needs "
         "--allow-lossy). Default: rejection",
@@ -252,7 +253,7 @@ def run_engine(args: argparse.Namespace) -> int:
     from verispec.pipeline import check_device
     from verispec.verify.broken import AlwaysAcceptRule, ResidualIsTargetRule
 
-    if args.drafter not in ("model", "ngram", "composite"):
+    if args.drafter not in DRAFTERS or args.drafter == "none":
         raise ConfigError(f"--engine certifies the drafters model, ngram or composite, not {args.drafter!r}")
     if args.rule == "greedy":
         raise ConfigError("--engine certifies the rejection rule (or typical with --allow-lossy); greedy is exact "

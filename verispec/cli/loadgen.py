@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
+
+from verispec.cli.options import add_prompt_options, float_list, int_list, load_prompts
 
 EPILOG = """\
 examples:
@@ -21,67 +22,6 @@ Prompt files are JSONL: {"prompt": "..."} (sent to /v1/completions) or {"message
 
 
 UNBOUNDED = 10**9  # requests per level when only a duration bounds it
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
-
-
-def float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r}")
-    return values
-
-
-def add_prompt_options(p: argparse.ArgumentParser, default_set: str, default_num: int | None) -> None:
-    from verispec.bench.prompts import SET_NAMES  # light: the CLI must start without the bench extras
-
-    p.add_argument(
-        "--prompts",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help='JSONL prompt file: {"prompt": ...} or {"messages": [...]} per line (default: --prompt-set)',
-    )
-    p.add_argument(
-        "--prompt-set",
-        default=default_set,
-        choices=("mixed", *SET_NAMES),
-        help=f"built-in prompts when no --prompts file is given (default {default_set}; mixed = "
-        "HumanEval, chat and summarisation interleaved)",
-    )
-    p.add_argument(
-        "--num-prompts",
-        type=int,
-        default=default_num,
-        metavar="N",
-        help="use the first N prompts" + (f" (default {default_num})" if default_num else " (default all)"),
-    )
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("VERISPEC_API_KEY") or os.environ.get("OPENAI_API_KEY"),
-        help="send 'Authorization: Bearer KEY' (default $VERISPEC_API_KEY, else $OPENAI_API_KEY)",
-    )
-
-
-def load_prompts(args: argparse.Namespace) -> list[Any]:
-    from verispec.bench.loadgen import builtin_prompts, load_prompt_file
-    from verispec.errors import ConfigError
-
-    if args.num_prompts is not None and args.num_prompts < 1:
-        raise ConfigError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    items = load_prompt_file(args.prompts) if args.prompts else builtin_prompts(args.prompt_set)
-    return items[: args.num_prompts] if args.num_prompts else items
 
 
 def register(sub: Any) -> None:

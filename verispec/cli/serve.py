@@ -6,14 +6,11 @@ import argparse
 import contextlib
 import ipaddress
 import os
-import re
 import sys
 from dataclasses import replace
 from typing import Any
 
-from verispec.cli.generate import add_model_options
-
-_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+from verispec.cli.options import add_model_options, host, port
 
 EPILOG = """\
 examples:
@@ -32,29 +29,6 @@ Ctrl-C stops admitting requests, lets the ones in flight finish (up to --shutdow
 seconds), then exits; a second Ctrl-C aborts them at once, each client told so."""
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--port must be an integer in [1, 65535], got {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"--port must be in [1, 65535], got {port}")
-    return port
-
-
-def _host(text: str) -> str:
-    """An IP address or a host name (RFC 1123 labels), as uvicorn can bind it."""
-    try:
-        ipaddress.ip_address(text)
-        return text
-    except ValueError:
-        pass
-    labels = text.rstrip(".").split(".")
-    if not text or len(text) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
-        raise argparse.ArgumentTypeError(f"--host must be an IP address or a host name, got {text!r}")
-    return text
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
@@ -67,9 +41,9 @@ def register(sub: Any) -> None:
     )
     add_model_options(p)
     p.add_argument(
-        "--host", type=_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 = all)"
+        "--host", type=host, default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 = all)"
     )
-    p.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--port", type=port, default=8000, help="port to listen on (default 8000)")
     p.add_argument(
         "--api-key", default=None,
         help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $VERISPEC_API_KEY, else no key)",

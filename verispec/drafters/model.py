@@ -36,7 +36,7 @@ from torch import Tensor
 from verispec.drafters.base import BatchView
 from verispec.errors import ConfigError, InputError
 from verispec.models.protocol import LanguageModel
-from verispec.sampling import TokenHistory, build_laws, sample
+from verispec.sampling import TokenHistory, build_laws, cut_vocab, sample
 from verispec.verify.base import PAD_ID, Draft
 
 
@@ -180,9 +180,7 @@ class ModelDrafter:
             logits = torch.cat([logits, logits.new_full((r, self.vocab_size - v), float("-inf"))], dim=1)
         elif v > self.vocab_size:
             logits = logits[:, : self.vocab_size]
-        if self.vocab_limit < self.vocab_size:
-            logits[:, self.vocab_limit :] = float("-inf")
-        return logits
+        return cut_vocab(logits, self.vocab_limit)
 
     last_catchup_tokens: int = 0  # widest context catch-up of the last propose() (see there)
 

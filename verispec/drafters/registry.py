@@ -8,8 +8,7 @@ from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.errors import ConfigError
 from verispec.models.protocol import LanguageModel
-
-DRAFTER_NAMES = ("model", "ngram", "composite", "none")
+from verispec.names import DRAFTERS
 
 
 def make_drafter(
@@ -26,8 +25,8 @@ def make_drafter(
     keep_ids: tuple[int, ...] = (),
 ) -> Drafter | None:
     """Build the drafter ``name`` ("none" = plain decoding, returns None)."""
-    if name not in DRAFTER_NAMES:
-        raise ConfigError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    if name not in DRAFTERS:
+        raise ConfigError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
     if name == "none":
         return None
     if name == "ngram":

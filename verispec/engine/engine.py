@@ -40,7 +40,7 @@ from verispec.engine.request import Request, RequestOutput
 from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.formats.tokenizer import Tokenizer
 from verispec.models.protocol import LanguageModel
-from verispec.sampling import Laws, TokenHistory, build_laws, make_generator
+from verispec.sampling import Laws, TokenHistory, build_laws, cut_vocab, make_generator
 from verispec.verify import Draft, make_rule
 
 #: Context tokens a drafter feeds before drafting in steady state: the last committed token, plus
@@ -60,14 +60,6 @@ class StepRecord:
     accepted: list[int]
     draft_seconds: float
     verify_seconds: float
-
-
-def cut_vocab(logits: Tensor, vocab_limit: int) -> Tensor:
-    """Give ids ``>= vocab_limit`` (embedding padding past the tokenizer) probability 0, in place.
-    ``logits`` ``[..., V]``."""
-    if logits.shape[-1] > vocab_limit:
-        logits[..., vocab_limit:] = float("-inf")
-    return logits
 
 
 class Engine:

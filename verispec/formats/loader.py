@@ -18,7 +18,8 @@
   its weights at load time; int4 needs GGUF Q4_K weights and is refused).
 
 Precisions (``dtype``): "fp32" (the exact reference), "bf16", and the weight-only quantised "int8"
-and "int4" (bf16 activations; CPU with AVX-512 BF16 and AMX only, else :class:`ConfigError`).
+and "int4" (activations quantised to int8 per block of 64 inputs, exact int32 sums; CPU with
+AVX-512 VNNI / BF16 and AMX only, else :class:`ConfigError`).
 On a CPU with those instructions a bf16 model's projections are repacked at load time for the
 AMX kernel (about a second per GB; :func:`bf16_kernel_usable`), and bf16 / int8 / int4 models
 attend through the row-by-row kernel (:meth:`Transformer.use_cpu_kernels`: batch-invariant, so
@@ -38,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -60,10 +61,11 @@ from verispec.formats.tokenizer import Tokenizer
 from verispec.formats.vocab import SharedVocab, check_compatible
 from verispec.models.config import ModelConfig
 from verispec.models.transformer import ROPE_FREQS_KEY, Transformer
+from verispec.names import QUANTIZED, Precision
 
 logger = logging.getLogger(__name__)
 
-DTypeName = Literal["fp32", "bf16", "int8", "int4"]
+DTypeName = Precision
 # What each source loader returns: config, runtime, tokenizer, file read, tokenizer vocabulary size.
 _Loaded = tuple[ModelConfig, Transformer, Tokenizer, Path, int]
 #: Activation dtype of each precision (int4 / int8 quantise the projections' weights only).
@@ -73,13 +75,11 @@ DTYPES: dict[str, torch.dtype] = {
     "int8": torch.bfloat16,
     "int4": torch.bfloat16,
 }
-QUANTIZED = ("int8", "int4")
 
 __all__ = [
     "DEFAULT_DRAFT",
     "DEFAULT_TARGET",
     "DTYPES",
-    "QUANTIZED",
     "LoadedModel",
     "ProgressFn",
     "SharedVocab",

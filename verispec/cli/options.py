@@ -1,0 +1,192 @@
+"""Option groups and argument types shared by several ``verispec`` commands, written once.
+
+- :func:`add_model_options`: the model pair, drafter, draft length, precisions, device, draft head
+  (generate, bench, serve, gate);
+- :func:`add_sampling_options` and :func:`sampling_params`: the sampling parameters (generate, bench);
+- :func:`add_prompt_options` and :func:`load_prompts`: prompt files and built-in sets, the API key
+  (loadgen, gate);
+- argument types: :func:`draft_length` (``auto`` or N), :func:`int_list` / :func:`float_list`
+  (comma-separated levels), :func:`port`, :func:`host`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from verispec.names import DRAFTERS, PRECISIONS
+
+_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+def draft_length(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k must be 'auto' or an integer >= 0, got {text!r}") from None
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"--k must be 'auto' or an integer >= 0, got {k}")
+    return k
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by the commands that load a model pair."""
+    from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    p.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help=f"target model: a registry name, a .gguf file or a Hugging Face folder (default {DEFAULT_TARGET})",
+    )
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model, same forms (default {DEFAULT_DRAFT})")
+    p.add_argument(
+        "--drafter", default="model", choices=DRAFTERS,
+        help="where draft tokens come from: model (the draft model), ngram (prompt lookup, no draft model), "
+        "composite (prompt lookup, else the model), none (plain decoding). Default: model",
+    )  # fmt: skip
+    p.add_argument(
+        "--k",
+        type=draft_length,
+        default=None,
+        metavar="auto|N",
+        help="draft length: auto (chosen per step from measured acceptance and costs; default) "
+        "or a fixed N (0 = no speculation)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="bf16",
+        choices=PRECISIONS,
+        help="precision of the target (default bf16; fp32 is the exact reference; int8 / int4: quantised "
+        "projection weights (per-channel int8; int4 = a GGUF's Q4_K blocks exactly) times activations "
+        "quantised to int8 per block of 64 inputs, exact integer sums; they need a CPU with AVX-512 VNNI / BF16 "
+        "and AMX and compile their kernels on first use)",
+    )
+    p.add_argument(
+        "--draft-dtype",
+        default=None,
+        choices=PRECISIONS,
+        help="precision of the draft model (default: int8 on a CPU where the kernels run and --dtype is not fp32, "
+        "else --dtype)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument(
+        "--draft-vocab", type=int, default=None, metavar="N",
+        help="score only token ids below N (plus the stop tokens) with the draft model: a cheaper draft "
+        "head, still exact (default: the full vocabulary)",
+    )  # fmt: skip
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off, default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off, default)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="repetition penalty (1 = off, default)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="presence penalty (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="seed of this request's random numbers (default: fresh)")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument(
+        "--stop", action="append", default=[], metavar="STR", help="stop when this text appears (repeatable)"
+    )
+
+
+def sampling_params(args: argparse.Namespace) -> Any:
+    from verispec.config import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, seed=args.seed, max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+    )  # fmt: skip
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r}")
+    return values
+
+
+def add_prompt_options(p: argparse.ArgumentParser, default_set: str, default_num: int | None) -> None:
+    from verispec.bench.prompts import SET_NAMES  # light: the CLI must start without the bench extras
+
+    p.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help='JSONL prompt file: {"prompt": ...} or {"messages": [...]} per line (default: --prompt-set)',
+    )
+    p.add_argument(
+        "--prompt-set",
+        default=default_set,
+        choices=("mixed", *SET_NAMES),
+        help=f"built-in prompts when no --prompts file is given (default {default_set}; mixed = "
+        "HumanEval, chat and summarisation interleaved)",
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=default_num,
+        metavar="N",
+        help="use the first N prompts" + (f" (default {default_num})" if default_num else " (default all)"),
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VERISPEC_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+        help="send 'Authorization: Bearer KEY' (default $VERISPEC_API_KEY, else $OPENAI_API_KEY)",
+    )
+
+
+def load_prompts(args: argparse.Namespace) -> list[Any]:
+    from verispec.bench.loadgen import builtin_prompts, load_prompt_file
+    from verispec.errors import ConfigError
+
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise ConfigError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    items = load_prompt_file(args.prompts) if args.prompts else builtin_prompts(args.prompt_set)
+    return items[: args.num_prompts] if args.num_prompts else items
+
+
+def port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port must be an integer in [1, 65535], got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"--port must be in [1, 65535], got {port}")
+    return port
+
+
+def host(text: str) -> str:
+    """An IP address or a host name (RFC 1123 labels), as uvicorn can bind it."""
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    labels = text.rstrip(".").split(".")
+    if not text or len(text) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        raise argparse.ArgumentTypeError(f"--host must be an IP address or a host name, got {text!r}")
+    return text

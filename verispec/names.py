@@ -1,0 +1,26 @@
+"""The one list of each set of names a user types: precisions, drafters, acceptance rules.
+
+The CLI's choices, the loader, the pipeline, the drafter registry and the config checks all read
+these tuples; nothing spells them again.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+#: Model precisions (``--dtype`` / ``--draft-dtype``): fp32 is the exact reference; int8 / int4
+#: quantise the projections' weights (int4 = a GGUF's Q4_K blocks exactly) and run on the CPU kernels.
+PRECISIONS = ("fp32", "bf16", "int8", "int4")
+Precision = Literal["fp32", "bf16", "int8", "int4"]
+#: Precisions whose projections are quantised (W8A8 integer kernels).
+QUANTIZED = ("int8", "int4")
+
+#: Where draft tokens come from (``--drafter``): the draft model, prompt lookup, prompt lookup
+#: else the model, or none (plain decoding).
+DRAFTERS = ("model", "ngram", "composite", "none")
+#: The drafters that need a draft model.
+MODEL_DRAFTERS = ("model", "composite")
+
+#: Acceptance rules (``--rule``): rejection sampling (lossless), greedy matching (exact at
+#: temperature 0), Medusa's typical acceptance (lossy, needs an explicit opt-in).
+RULES = ("rejection", "greedy", "typical")
