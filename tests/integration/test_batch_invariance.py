@@ -11,7 +11,7 @@ from tests.kernels import require_kernels
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
 from verispec.engine import Engine
-from verispec.models import quantized
+from verispec.formats import packing
 from verispec.models.config import ModelConfig
 from verispec.models.transformer import Transformer, random_state_dict
 
@@ -42,8 +42,8 @@ def model(precision: str, seed: int = 0, noise: float = 0.0, kernels: bool = Tru
             k: v + noise * v.std() * torch.randn(v.shape, generator=gen) if v.numel() > 1 else v for k, v in sd.items()
         }
     if precision == "int8":
-        packed = quantized.pack(quantized.WeightSource(state_dict=sd), config(), "int8")
-        sd = quantized.merge(sd, packed)
+        packed = packing.pack(packing.WeightSource(state_dict=sd), config(), "int8")
+        sd = packing.merge(sd, packed)
     m = Transformer(config(), sd, dtype=torch.bfloat16)
     if kernels:
         m.use_cpu_kernels()

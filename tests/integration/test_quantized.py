@@ -18,7 +18,7 @@ from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
 from verispec.engine import Engine
 from verispec.errors import ConfigError
-from verispec.formats import registry
+from verispec.formats import packing, registry
 from verispec.formats.gguf import GGUFModel
 from verispec.formats.loader import LoadedModel, load_model
 from verispec.models import quantized
@@ -203,7 +203,7 @@ def test_prepared_models_cache_the_packed_weights(
     entries = [(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()]
     write_tensors(cache, entries, tensors.items(), metadata={"packing": quantized.PACK_FORMAT, "source_sha256": "0"})
     load_model(fake.name, dtype="int4")
-    assert quantized.cache_path(fake.folder, "int4").stat().st_mtime_ns != stamp
+    assert packing.cache_path(fake.folder, "int4").stat().st_mtime_ns != stamp
     from verispec.formats.convert import read_metadata
 
     assert read_metadata(cache) == {"format": "pt", **_wanted(fake.entry.sha256)}
@@ -218,10 +218,10 @@ def test_int4_needs_q4k_weights() -> None:
     from verispec.models.transformer import random_state_dict
 
     config = tiny_config(vocab=16, hidden=64)
-    source = quantized.WeightSource(state_dict=random_state_dict(config))
+    source = packing.WeightSource(state_dict=random_state_dict(config))
     with pytest.raises(ConfigError, match=r"no.*Q4_K|has none.*use int8 or bf16"):
-        quantized.plan(source, config, "int4")
-    assert set(quantized.plan(source, config, "int8").values()) == {"int8"}
+        packing.plan(source, config, "int4")
+    assert set(packing.plan(source, config, "int8").values()) == {"int8"}
 
 
 def test_cli_generate_in_mixed_precisions(gguf_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

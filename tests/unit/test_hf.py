@@ -25,7 +25,9 @@ from torch import Tensor
 
 from verispec.errors import ConfigError, InputError, ModelLoadError, UnsupportedModelError
 from verispec.formats.hf import (
+    adapt,
     config_from_hf,
+    load_adapter,
     load_hf_folder,
     read_hf_config,
     resolve_dtype,
@@ -430,7 +432,7 @@ def greedy(model: Any, prompt: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox"])
 def test_adapter_greedy_equals_generate(family: str) -> None:
     hf = tiny_model(family, seed=4)
-    adapter = HFCausalLMAdapter(hf)
+    adapter = adapt(hf)
     prompt = toks(1, 7, seed=5)[0].tolist()
     n = 25
     with torch.no_grad():
@@ -442,16 +444,16 @@ def test_adapter_greedy_equals_generate(family: str) -> None:
 
 
 def test_adapter_config() -> None:
-    gpt2 = HFCausalLMAdapter(tiny_model("gpt2")).config
+    gpt2 = adapt(tiny_model("gpt2")).config
     assert (gpt2.architecture, gpt2.vocab_size, gpt2.num_layers, gpt2.hidden_size) == ("gpt2", V, 2, 64)
     assert (gpt2.num_heads, gpt2.head_dim, gpt2.max_position, gpt2.tie_word_embeddings) == (4, 16, 256, True)
     assert (gpt2.intermediate_size, gpt2.bos_token_id, gpt2.eos_token_id) == (256, 1, 2)
     llama = tiny_model("llama")
-    assert HFCausalLMAdapter(llama).config == config_from_hf(llama.config.to_dict())
+    assert adapt(llama).config == config_from_hf(llama.config.to_dict())
 
 
 def test_adapter_from_folder_matches_runtime(llama_folder: Path) -> None:
-    adapter = HFCausalLMAdapter.from_pretrained(llama_folder)
+    adapter = load_adapter(llama_folder)
     ours = Transformer(*load_hf_folder(llama_folder, dtype="fp32"))
     x = toks(1, 16, seed=6)
     cache = adapter.new_cache(1, 16)
@@ -473,7 +475,7 @@ def _fresh(adapter: HFCausalLMAdapter, prefix: Tensor, max_len: int = 40) -> Any
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_adapter_rollback_then_reextend_equals_never_extending(family: str) -> None:
-    adapter = HFCausalLMAdapter(tiny_model(family, seed=7))
+    adapter = adapt(tiny_model(family, seed=7))
     x = toks(1, 20, seed=8)
     prompt, draft, other = x[:, :8], x[:, 8:13], x[:, 13:17]
     cache = _fresh(adapter, prompt)
@@ -495,7 +497,7 @@ def test_adapter_rollback_then_reextend_equals_never_extending(family: str) -> N
 
 
 def test_adapter_k_token_pass_equals_single_token_passes() -> None:
-    adapter = HFCausalLMAdapter(tiny_model("gpt2", seed=9))
+    adapter = adapt(tiny_model("gpt2", seed=9))
     x = toks(1, 15, seed=10)
     k = 6
     one = _fresh(adapter, x[:, :9])
@@ -507,7 +509,7 @@ def test_adapter_k_token_pass_equals_single_token_passes() -> None:
 
 
 def test_adapter_padding_and_logits_at() -> None:
-    adapter = HFCausalLMAdapter(tiny_model("gpt2", seed=11))
+    adapter = adapt(tiny_model("gpt2", seed=11))
     x = toks(1, 10, seed=12)
     cache = _fresh(adapter, x[:, :4])
     padded = torch.cat([x[:, 4:7], torch.full((1, 2), -1)], dim=1)  # 3 real tokens, 2 padding
@@ -523,7 +525,7 @@ def test_adapter_padding_and_logits_at() -> None:
 
 
 def test_adapter_serves_one_sequence_and_no_trees() -> None:
-    adapter = HFCausalLMAdapter(tiny_model("gpt2"))
+    adapter = adapt(tiny_model("gpt2"))
     cache = _fresh(adapter, toks(1, 4))
     with pytest.raises(ConfigError, match="one sequence"):
         adapter(toks(2, 3), None, cache)
@@ -545,16 +547,16 @@ def test_adapter_serves_one_sequence_and_no_trees() -> None:
     cache.remove_sequence(0)
     assert cache.active_slots == [] and cache.add_sequence() == 0 and cache.lengths.tolist() == [0]
     with pytest.raises(ConfigError, match="training mode"):
-        HFCausalLMAdapter(tiny_model("gpt2").train())
+        adapt(tiny_model("gpt2").train())
 
 
 def test_adapter_from_bad_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, llama_folder: Path) -> None:
     with pytest.raises(ModelLoadError, match=r"config\.json"):
-        HFCausalLMAdapter.from_pretrained(tmp_path)
+        load_adapter(tmp_path)
     shutil.copytree(llama_folder, tmp_path / "bin")
     _break(tmp_path / "bin", "bin-only")
     with pytest.raises(ModelLoadError, match="pickle"):
-        HFCausalLMAdapter.from_pretrained(tmp_path / "bin")
+        load_adapter(tmp_path / "bin")
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if transformers were not installed
     with pytest.raises(ModelLoadError, match="pip install"):
-        HFCausalLMAdapter.from_pretrained(llama_folder)
+        load_adapter(llama_folder)

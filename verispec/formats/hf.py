@@ -41,8 +41,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from verispec.errors import ConfigError, ModelLoadError, UnsupportedModelError
+from verispec.errors import ConfigError, ModelLoadError, UnsupportedModelError, VerispecError
 from verispec.models.config import ModelConfig, RopeScaling
+from verispec.models.hf_adapter import HFCausalLMAdapter, import_transformers
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,10 @@ _DTYPES = (
     | dict.fromkeys(("fp16", "float16", "half"), torch.float16)
     | dict.fromkeys(("fp32", "float32", "float"), torch.float32)
 )
-_USE_ADAPTER = "run it through verispec.models.hf_adapter.HFCausalLMAdapter (needs transformers) instead"
+_USE_ADAPTER = (
+    "run it through the transformers adapter (HFCausalLMAdapter, from verispec.formats.hf.load_adapter; needs "
+    "transformers) instead"
+)
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -311,3 +315,78 @@ def load_hf_folder(
 
 
 # ------------------------------------------------------------------------------------------ adapter
+
+
+# ----------------------------------------------------------------------- the transformers adapter
+def adapt(model: Any) -> HFCausalLMAdapter:
+    """A transformers causal LM in eval mode behind the runtime's interface, described as a
+    :class:`ModelConfig` (:func:`describe`)."""
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+    return HFCausalLMAdapter(model, describe(model.config, vocab, tied))
+
+
+def load_adapter(
+    path: str | os.PathLike[str],
+    dtype: torch.dtype | str = "fp32",
+    device: torch.device | str = "cpu",
+) -> HFCausalLMAdapter:
+    """Load a local folder with ``AutoModelForCausalLM`` (safetensors only, no download, no
+    remote code)."""
+    transformers = import_transformers()
+    root = Path(path)
+    _read_json(root / "config.json", "config.json")
+    _weight_files(root)  # the same checks and messages as load_hf_folder
+    major = int(transformers.__version__.split(".")[0])
+    kwargs = {"dtype" if major >= 5 else "torch_dtype": resolve_dtype(dtype)}
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(root), local_files_only=True, use_safetensors=True, **kwargs
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{root}: transformers could not load the model ({exc})") from exc
+    return adapt(model.to(device).eval())
+
+
+def describe(hf_config: Any, vocab: int, tied: bool) -> ModelConfig:
+    """A :class:`ModelConfig` for a transformers config (see :class:`HFCausalLMAdapter`)."""
+    as_dict = hf_config.to_dict()
+    try:  # transformers implements sliding windows: no need for config_from_hf's cap
+        return config_from_hf({**as_dict, "sliding_window": None})
+    except VerispecError:
+        pass  # an architecture or feature the runtime lacks: describe it as far as it goes
+
+    def first(*keys: str, default: Any = None) -> Any:
+        values = (getattr(hf_config, k, None) for k in keys)
+        return next((v for v in values if v is not None), default)
+
+    hidden, heads = int(hf_config.hidden_size), int(hf_config.num_attention_heads)
+    try:
+        theta, scaling = _rope(as_dict)
+    except VerispecError:
+        theta, scaling = 10000.0, None  # RoPE the runtime cannot express (partial, per layer): a placeholder
+    tokens = {k: _token({k: getattr(hf_config, k, None)}, k, vocab) for k in ("bos_token_id", "eos_token_id")}
+    try:
+        return ModelConfig(
+            architecture=str(as_dict.get("model_type") or type(hf_config).__name__),
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=int(first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)),
+            num_layers=int(hf_config.num_hidden_layers),
+            num_heads=heads,
+            num_kv_heads=int(first("num_key_value_heads", default=heads)),
+            head_dim=int(first("head_dim", default=hidden // heads)),
+            rope_theta=theta,
+            rms_norm_eps=float(first("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", default=1e-6)),
+            max_position=int(first("max_position_embeddings", default=2048)),
+            tie_word_embeddings=tied,
+            attention_bias=bool(first("attention_bias", default=False)),
+            rope_scaling=scaling,
+            bos_token_id=tokens["bos_token_id"],
+            eos_token_id=tokens["eos_token_id"],
+            pad_token_id=_token({"p": getattr(hf_config, "pad_token_id", None)}, "p", vocab),
+            name=str(as_dict.get("_name_or_path") or ""),
+        )
+    except ConfigError as exc:
+        raise UnsupportedModelError(f"cannot describe this {type(hf_config).__name__} as a ModelConfig: {exc}") from exc

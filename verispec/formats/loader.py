@@ -6,7 +6,7 @@
   prepared model: bf16 maps ``bf16.safetensors`` (seconds; pages come in on first use, shared with
   the page cache), fp32 dequantises ``model.gguf`` (exact values, slower), int4 / int8 map the
   packed projections cached in ``int4.safetensors`` / ``int8.safetensors`` (packed from
-  ``model.gguf`` on first use, see :mod:`verispec.models.quantized`) and take the rest from
+  ``model.gguf`` on first use, see :mod:`verispec.formats.packing`) and take the rest from
   ``bf16.safetensors``; the config and tokenizer come from the folder's JSON files. A registered
   model that is not prepared raises :class:`ModelLoadError` telling the user to run
   ``verispec models prepare NAME``;
@@ -188,14 +188,14 @@ def _load_prepared(folder: Path, name: str, precision: str, device: str, progres
             f"{folder / CONFIG_FILE}: malformed ({exc}); run `verispec models prepare {name} --force`"
         ) from exc
     if precision in QUANTIZED:
-        from verispec.models import quantized
+        from verispec.formats import packing
 
         marker = read_marker(folder) or {}
-        packed = quantized.load_or_pack(
+        packed = packing.load_or_pack(
             folder, folder / GGUF_FILE, str(marker.get("sha256", "")), config, precision, progress
         )
-        source = quantized.cache_path(folder, precision)
-        state = quantized.merge(load_safetensors(folder / WEIGHTS_FILE), packed)
+        source = packing.cache_path(folder, precision)
+        state = packing.merge(load_safetensors(folder / WEIGHTS_FILE), packed)
     elif dtype == torch.bfloat16:
         source = folder / WEIGHTS_FILE
         state = load_safetensors(source)
@@ -215,10 +215,10 @@ def _load_gguf(path: Path, precision: str, device: str, progress: ProgressFn | N
     dtype = DTYPES[precision]
     gguf = GGUFModel(path)
     if precision in QUANTIZED:
-        from verispec.models import quantized
+        from verispec.formats import packing
 
-        packed = quantized.pack(quantized.WeightSource(gguf=gguf), gguf.config, precision, progress)
-        prefixes = quantized.packed_prefixes(packed)
+        packed = packing.pack(packing.WeightSource(gguf=gguf), gguf.config, precision, progress)
+        prefixes = packing.packed_prefixes(packed)
         dense = {
             name: gguf.load(name, torch.float32 if name == ROPE_FREQS_KEY else dtype)
             for name in gguf.tensor_names
@@ -236,11 +236,11 @@ def _load_hf(path: Path, precision: str, device: str) -> _Loaded:
 
     dtype = DTYPES[precision]
     if precision in QUANTIZED:
-        from verispec.models import quantized
+        from verispec.formats import packing
 
         config, exact = load_hf_folder(path, torch.float32, device)
-        packed = quantized.pack(quantized.WeightSource(state_dict=exact), config, precision)
-        state = quantized.merge(exact, packed)
+        packed = packing.pack(packing.WeightSource(state_dict=exact), config, precision)
+        state = packing.merge(exact, packed)
     else:
         config, state = load_hf_folder(path, dtype, device)
     model = Transformer(config, state, dtype=dtype, device=device)

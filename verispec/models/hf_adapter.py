@@ -10,22 +10,19 @@ only when the adapter is used.
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from verispec.errors import ConfigError, InputError, ModelLoadError, UnsupportedModelError, VerispecError
-from verispec.formats.hf import _read_json, _rope, _token, _weight_files, config_from_hf, resolve_dtype
+from verispec.errors import ConfigError, InputError, ModelLoadError, UnsupportedModelError
 from verispec.models.config import ModelConfig
 from verispec.models.transformer import ForwardOutput
 
 
-def _import_transformers() -> Any:
+def import_transformers() -> Any:
     try:
         import transformers
     except ImportError as exc:
@@ -133,15 +130,16 @@ class HFCache:
 class HFCausalLMAdapter:
     """A transformers causal LM behind the runtime's interface (one sequence, chains only).
 
-    ``config`` describes the model as a :class:`ModelConfig`: exactly (via :func:`config_from_hf`)
+    ``config`` describes the model as a :class:`ModelConfig`: exactly (via ``config_from_hf``)
     for the families the runtime implements; for other architectures ``vocab_size`` (the LM head's
     rows), ``num_layers``, ``hidden_size``, ``num_heads`` and the token ids are exact and the
     Llama-specific fields (``rope_theta``, ``rms_norm_eps``, ``intermediate_size``, ...) best-effort
-    placeholders. Build it from a folder with :meth:`from_pretrained`, or from a model in eval mode.
+    placeholders. Build it with :func:`verispec.formats.hf.load_adapter` (a folder) or
+    :func:`verispec.formats.hf.adapt` (a model in eval mode), which describe the model.
     """
 
-    def __init__(self, model: Any) -> None:
-        transformers = _import_transformers()
+    def __init__(self, model: Any, config: ModelConfig) -> None:
+        transformers = import_transformers()
         if getattr(model.config, "is_encoder_decoder", False):
             raise UnsupportedModelError("the Hugging Face adapter runs decoder-only causal LMs only")
         if model.training:
@@ -151,33 +149,7 @@ class HFCausalLMAdapter:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers 5 / 4
         self._keep_logits = "logits_to_keep" in params
         self._new_dynamic = transformers.DynamicCache  # no config: full, croppable layers everywhere
-        head = model.get_output_embeddings()
-        tied = head is not None and head.weight is model.get_input_embeddings().weight
-        vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
-        self.config = _describe(model.config, vocab, tied)
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        path: str | os.PathLike[str],
-        dtype: torch.dtype | str = "fp32",
-        device: torch.device | str = "cpu",
-    ) -> HFCausalLMAdapter:
-        """Load a local folder with ``AutoModelForCausalLM`` (safetensors only, no download, no
-        remote code)."""
-        transformers = _import_transformers()
-        root = Path(path)
-        _read_json(root / "config.json", "config.json")
-        _weight_files(root)  # the same checks and messages as load_hf_folder
-        major = int(transformers.__version__.split(".")[0])
-        kwargs = {"dtype" if major >= 5 else "torch_dtype": resolve_dtype(dtype)}
-        try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(root), local_files_only=True, use_safetensors=True, **kwargs
-            )
-        except (OSError, ValueError, KeyError) as exc:
-            raise ModelLoadError(f"{root}: transformers could not load the model ({exc})") from exc
-        return cls(model.to(device).eval())
+        self.config = config
 
     @property
     def dtype(self) -> torch.dtype:
@@ -286,46 +258,3 @@ class HFCausalLMAdapter:
         cache._record(start + n, start)
         assert n == 0 or cache.dynamic.get_seq_length() == cache._length, "DynamicCache out of step"
         return ForwardOutput(logits=logits, hidden=states)
-
-
-def _describe(hf_config: Any, vocab: int, tied: bool) -> ModelConfig:
-    """A :class:`ModelConfig` for a transformers config (see :class:`HFCausalLMAdapter`)."""
-    as_dict = hf_config.to_dict()
-    try:  # transformers implements sliding windows: no need for config_from_hf's cap
-        return config_from_hf({**as_dict, "sliding_window": None})
-    except VerispecError:
-        pass  # an architecture or feature the runtime lacks: describe it as far as it goes
-
-    def first(*keys: str, default: Any = None) -> Any:
-        values = (getattr(hf_config, k, None) for k in keys)
-        return next((v for v in values if v is not None), default)
-
-    hidden, heads = int(hf_config.hidden_size), int(hf_config.num_attention_heads)
-    try:
-        theta, scaling = _rope(as_dict)
-    except VerispecError:
-        theta, scaling = 10000.0, None  # RoPE the runtime cannot express (partial, per layer): a placeholder
-    tokens = {k: _token({k: getattr(hf_config, k, None)}, k, vocab) for k in ("bos_token_id", "eos_token_id")}
-    try:
-        return ModelConfig(
-            architecture=str(as_dict.get("model_type") or type(hf_config).__name__),
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=int(first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)),
-            num_layers=int(hf_config.num_hidden_layers),
-            num_heads=heads,
-            num_kv_heads=int(first("num_key_value_heads", default=heads)),
-            head_dim=int(first("head_dim", default=hidden // heads)),
-            rope_theta=theta,
-            rms_norm_eps=float(first("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", default=1e-6)),
-            max_position=int(first("max_position_embeddings", default=2048)),
-            tie_word_embeddings=tied,
-            attention_bias=bool(first("attention_bias", default=False)),
-            rope_scaling=scaling,
-            bos_token_id=tokens["bos_token_id"],
-            eos_token_id=tokens["eos_token_id"],
-            pad_token_id=_token({"p": getattr(hf_config, "pad_token_id", None)}, "p", vocab),
-            name=str(as_dict.get("_name_or_path") or ""),
-        )
-    except ConfigError as exc:
-        raise UnsupportedModelError(f"cannot describe this {type(hf_config).__name__} as a ModelConfig: {exc}") from exc

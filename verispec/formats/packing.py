@@ -1,0 +1,157 @@
+"""Packing a model's projections into the layouts of the quantised precisions, and the packed-weight
+cache (:mod:`verispec.models.quantized` says which projection gets which kernel).
+
+Packed tensors are cached beside a prepared model, ``<folder>/int4.safetensors`` /
+``int8.safetensors`` (only the packed projections: codes, scales, fp32 biases; the rest comes from
+``bf16.safetensors``), written once, atomically, under a lock, and memory-mapped afterwards; the
+file records the source GGUF's sha256 and the packing format, and is rebuilt when either
+changes. A plain ``.gguf`` path is packed at load time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from verispec.errors import ConfigError
+from verispec.formats.files import ProgressFn, locked
+from verispec.formats.gguf import GGUFModel
+from verispec.models.config import ModelConfig
+from verispec.models.quantized import PACK_FORMAT, choose_kind, linear_specs
+
+logger = logging.getLogger(__name__)
+
+
+class WeightSource:
+    """Where packing reads weights: a GGUF file (raw blocks and exact fp32 values) or a state dict."""
+
+    def __init__(self, gguf: GGUFModel | None = None, state_dict: Mapping[str, Tensor] | None = None) -> None:
+        assert (gguf is None) != (state_dict is None)
+        self.gguf = gguf
+        self.state = state_dict
+
+    def stored_type(self, name: str) -> str:
+        if self.gguf is not None:
+            return self.gguf.tensor_info(name).type_name
+        assert self.state is not None
+        return {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}.get(self.state[name].dtype, "?")
+
+    def blocks(self, name: str) -> np.ndarray:  # [rows, row_bytes] uint8
+        assert self.gguf is not None
+        return self.gguf.quantized(name).blocks
+
+    def float32(self, name: str) -> Tensor:
+        if self.gguf is not None:
+            return self.gguf.load(name, torch.float32)
+        assert self.state is not None
+        return self.state[name].to(torch.float32)
+
+
+def plan(source: WeightSource, config: ModelConfig, precision: str) -> dict[str, str]:
+    """``{projection prefix: kind}`` for ``precision`` (see :func:`choose_kind`)."""
+    kinds = {
+        s.prefix: choose_kind(precision, source.stored_type(s.source), s.in_features) for s in linear_specs(config)
+    }
+    if precision == "int4" and "q4k" not in kinds.values():
+        raise ConfigError(
+            "dtype int4 runs the GGUF's Q4_K weights as they are stored, and this model has none (it is not a "
+            "GGUF file, or one quantised another way); use int8 or bf16"
+        )
+    return kinds
+
+
+def _layout(config: ModelConfig, kinds: Mapping[str, str]) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, dtype, shape) of every tensor the packed projections consist of, in writing order."""
+    from verispec.kernels.linear import ROWS, q4k_packed_numel
+
+    entries: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+    for s in linear_specs(config):
+        kind, rows = kinds[s.prefix], -(-s.out_features // ROWS) * ROWS
+        if kind == "q4k":
+            entries.append((s.prefix + ".q4k", torch.uint8, (q4k_packed_numel(s.out_features, s.in_features),)))
+        elif kind == "int8":
+            entries.append((s.prefix + ".int8", torch.int8, (rows * s.in_features,)))
+            entries.append((s.prefix + ".int8_scale", torch.float32, (rows,)))
+        if kind != "dense" and s.bias:
+            entries.append((s.prefix + ".bias", torch.float32, (s.out_features,)))
+    return entries
+
+
+def _packed_tensors(
+    source: WeightSource, config: ModelConfig, kinds: Mapping[str, str], progress: ProgressFn | None
+) -> Iterator[tuple[str, Tensor]]:
+    """The tensors of :func:`_layout`, in its order, made one projection at a time."""
+    from verispec.kernels import Int8Linear, Q4KLinear
+
+    specs = [s for s in linear_specs(config) if kinds[s.prefix] != "dense"]
+    for done, s in enumerate(specs, start=1):
+        bias = source.float32(s.prefix + ".bias") if s.bias else None
+        if kinds[s.prefix] == "q4k":
+            module: torch.nn.Module = Q4KLinear.from_blocks(
+                source.blocks(s.source), s.out_features, s.in_features, bias
+            )
+        else:
+            module = Int8Linear.from_weight(source.float32(s.source), bias)
+        for name, tensor in module.state_dict().items():
+            yield f"{s.prefix}.{name}", tensor
+        if progress is not None:
+            progress("pack", done, len(specs))
+
+
+def pack(
+    source: WeightSource, config: ModelConfig, precision: str, progress: ProgressFn | None = None
+) -> dict[str, Tensor]:
+    """The packed projections of a model (in memory), by state-dict name."""
+    kinds = plan(source, config, precision)
+    return dict(_packed_tensors(source, config, kinds, progress))
+
+
+def cache_path(folder: Path, precision: str) -> Path:
+    return folder / f"{precision}.safetensors"
+
+
+def load_or_pack(
+    folder: Path, gguf_path: Path, source_sha256: str, config: ModelConfig, precision: str,
+    progress: ProgressFn | None = None,
+) -> dict[str, Tensor]:  # fmt: skip
+    """The packed projections of the prepared model in ``folder``, from its cache file, which is
+    (re)built from ``gguf_path`` first when missing or stale (see the module docstring)."""
+    from verispec.formats.convert import load_safetensors, read_metadata, write_tensors
+
+    path = cache_path(folder, precision)
+    wanted = {"packing": PACK_FORMAT, "precision": precision, "source_sha256": source_sha256}
+
+    def fresh() -> bool:
+        meta = read_metadata(path)
+        return meta is not None and all(meta.get(k) == v for k, v in wanted.items())
+
+    if not fresh():
+        with locked(folder.parent / f".{folder.name}.{precision}.lock"):
+            if not fresh():  # another process may have built it while we waited
+                start = time.perf_counter()
+                logger.warning("packing %s weights of %s once into %s", precision, folder.name, path.name)
+                source = WeightSource(gguf=GGUFModel(gguf_path))
+                kinds = plan(source, config, precision)
+                tensors = _packed_tensors(source, config, kinds, progress)
+                write_tensors(path, _layout(config, kinds), tensors, metadata=wanted)
+                logger.warning("packed in %.1f s", time.perf_counter() - start)
+    return load_safetensors(path)
+
+
+def packed_prefixes(packed: Mapping[str, Tensor]) -> set[str]:
+    """The projections (module paths) a dict of packed tensors holds."""
+    return {name.rpartition(".")[0] for name in packed}
+
+
+def merge(dense: Mapping[str, Tensor], packed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The state dict of a quantised model: ``dense`` (embeddings, norms, dense projections) without
+    the weights and biases of the projections ``packed`` holds, plus ``packed``."""
+    prefixes = packed_prefixes(packed)
+    keep = {k: v for k, v in dense.items() if k.rpartition(".")[0] not in prefixes}
+    return keep | dict(packed)
