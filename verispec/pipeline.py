@@ -104,7 +104,7 @@ def build(
         keep_ids=tuple(target_model.tokenizer.eos_token_ids),
     )
     policy = None
-    if d is not None and k is None:
+    if d.proposes and k is None:
         from verispec.engine.calibrate import load_or_calibrate
         from verispec.engine.policy import make_policy
         from verispec.formats.registry import verispec_home

@@ -68,7 +68,7 @@ def test_propose_batch_is_ragged_point_mass() -> None:
     assert isinstance(d, Drafter)
     d.begin("a", [1, 2, 3, 1, 2])
     d.begin("b", [5, 6, 7])
-    view = BatchView(["a", "b"], [[1, 2, 3, 1, 2], [5, 6, 7]], [SamplingParams()] * 2, [None, None])
+    view = BatchView(["a", "b"], [SamplingParams()] * 2, [None, None])
     draft = d.propose(view, [4, 4])
     assert draft.probs is None
     assert draft.num_tokens.tolist() == [3, 0]
@@ -117,12 +117,12 @@ def test_composite_lookup_runs_to_the_budget_and_the_model_keeps_the_scheduled_l
     for rid, ctx in contexts.items():
         d.begin(rid, ctx)
     params = [SamplingParams(temperature=0)] * 3
-    view = BatchView(list(contexts), list(contexts.values()), params, [None] * 3, budgets=[6, 6, 6])
+    view = BatchView(list(contexts), params, [None] * 3, budgets=[6, 6, 6])
     draft_ = d.propose(view, [2, 2, 0])
     assert draft_.num_tokens.tolist() == [6, 2, 0]
     assert draft_.token_ids[0].tolist() == [3, 4, 5, 6, 7, 1]  # what followed "1 2", past K = 2
     assert draft_.probs is not None and torch.equal(draft_.probs[0, :6].argmax(-1), draft_.token_ids[0])
     again = CompositeDrafter(NgramDrafter(), ModelDrafter(draft, vocab_size=8, max_batch=4, max_len=64))
     again.begin("copy", contexts["copy"])
-    fixed = BatchView(["copy"], [contexts["copy"]], params[:1], [None])  # no budgets: K holds
+    fixed = BatchView(["copy"], params[:1], [None])  # no budgets: K holds
     assert again.propose(fixed, [2]).token_ids.tolist() == [[3, 4]]

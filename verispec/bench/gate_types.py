@@ -10,7 +10,7 @@ from typing import Protocol
 
 from verispec.bench.loadgen import LevelResult, Load, RequestRecord
 from verispec.bench.local import LocalDeployment
-from verispec.engine.engine import StepRecord
+from verispec.engine.recorder import StepRecord
 from verispec.errors import ConfigError
 
 

@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from verispec.config import EngineConfig
-from verispec.engine.engine import Engine, StepRecord
+from verispec.engine.engine import Engine
+from verispec.engine.recorder import StepRecord
 from verispec.errors import ConfigError
 from verispec.pipeline import Pipeline, build
 
@@ -252,7 +253,7 @@ def memory_accounting(deployment: LocalDeployment) -> dict[str, Any]:
     engine = deployment.engine
     total = tensor_bytes(engine)
     target = tensor_bytes(engine.target)
-    drafter = tensor_bytes(engine.drafter) if engine.drafter is not None else {"weights": 0, "other": 0}
+    drafter = tensor_bytes(engine.drafter)
     return {
         "tensor_bytes_total": total["weights"] + total["other"],
         "target_weight_bytes": target["weights"],

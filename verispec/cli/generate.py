@@ -105,7 +105,7 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
         "lossless": final.lossless,
         "target": pipe.target.name,
         "draft": pipe.draft.name if pipe.draft is not None else None,
-        "drafter": type(pipe.engine.drafter).__name__ if pipe.engine.drafter is not None else None,
+        "drafter": pipe.engine.drafter.name,
         "spec": stats.as_dict() | {"acceptance_per_position": stats.acceptance_per_position},
         "timings": final.timings,
         "measured_c": c,

@@ -4,7 +4,8 @@ Lifecycle per request (as in llama.cpp's ``common/speculative.h`` and transforme
 ``CandidateGenerator``): ``begin`` when the request joins, then each step ``propose`` for the whole
 running batch and ``observe`` with the tokens the rule committed, and ``end`` when it leaves. A
 drafter keeps its per-request state (KV caches, n-gram indices) keyed by request id; the engine never
-branches on the drafter's type, only on its declared capabilities (class attributes).
+branches on the drafter's type: plain decoding is a drafter that proposes nothing
+(:mod:`verispec.drafters.plain`), and the policy reads the one declared capability, ``proposes``.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from verispec.verify.base import Draft
 class BatchView:
     """What a drafter may read of the running batch, one entry per row.
 
-    ``token_ids[b]`` is request b's committed sequence (prompt + output so far); ``params`` and
-    ``generators`` are its sampling parameters and generator (None for greedy requests);
-    ``budgets[b]`` (when the engine gives them) is the most draft tokens that can still be useful
-    to request b (its remaining token allowance), which a drafter whose tokens cost nothing may
-    use instead of the scheduled draft length (see :class:`~verispec.drafters.composite.CompositeDrafter`).
+    ``params`` and ``generators`` are each request's sampling parameters and generator (None for
+    greedy requests); ``budgets[b]`` (when the engine gives them) is the most draft tokens a
+    drafter whose tokens cost nothing may propose for request b instead of the scheduled draft
+    length (see :class:`~verispec.drafters.composite.CompositeDrafter`): the policy's ceiling,
+    within the request's remaining token allowance. A drafter keeps the committed tokens it needs
+    from ``begin`` and ``observe``.
     """
 
     request_ids: Sequence[str]
-    token_ids: Sequence[Sequence[int]]
     params: Sequence[SamplingParams]
     generators: Sequence[torch.Generator | None]
     budgets: Sequence[int] | None = None
@@ -45,10 +46,11 @@ class Drafter(Protocol):
     """Proposes draft tokens. ``max_tokens[b]`` is the draft length the scheduler allows row b
     (0 = draft nothing for it); the returned :class:`~verispec.verify.Draft` may propose fewer."""
 
+    #: The name users give it (``--drafter``), reported by the CLI, the server and its metrics.
     name: ClassVar[str]
-    # Capabilities the engine reads instead of checking types.
-    needs_hidden_states: ClassVar[bool]
-    point_mass: ClassVar[bool]  # True: Draft.probs is None (no law reported)
+    #: False only for plain decoding (:class:`~verispec.drafters.plain.PlainDrafter`): the policy
+    #: then schedules no draft at all.
+    proposes: ClassVar[bool]
     # Context tokens the last propose() had to feed before drafting (a prompt, or tokens committed
     # while speculation was off); the policy does not take such a step's time as the draft cost.
     last_catchup_tokens: int

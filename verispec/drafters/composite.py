@@ -28,8 +28,7 @@ from verispec.verify.base import PAD_ID, Draft
 
 class CompositeDrafter:
     name: ClassVar[str] = "composite"
-    needs_hidden_states: ClassVar[bool] = False
-    point_mass: ClassVar[bool] = False
+    proposes: ClassVar[bool] = True
     last_catchup_tokens: int = 0  # the model drafter's, for the rows it drafted (0 when n-grams drafted all)
 
     def __init__(self, ngram: NgramDrafter, model: ModelDrafter) -> None:

@@ -59,8 +59,7 @@ class ModelDrafter:
     """
 
     name: ClassVar[str] = "model"
-    needs_hidden_states: ClassVar[bool] = False
-    point_mass: ClassVar[bool] = False
+    proposes: ClassVar[bool] = True
 
     def __init__(
         self,

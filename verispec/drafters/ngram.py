@@ -62,8 +62,7 @@ class NgramDrafter:
     """Prompt lookup with suffixes of ``min_n``..``max_n`` tokens; point-mass drafts."""
 
     name: ClassVar[str] = "ngram"
-    needs_hidden_states: ClassVar[bool] = False
-    point_mass: ClassVar[bool] = True
+    proposes: ClassVar[bool] = True
     last_catchup_tokens: int = 0  # a lookup has no model state to catch up
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:

@@ -6,6 +6,7 @@ from verispec.drafters.base import Drafter
 from verispec.drafters.composite import CompositeDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
+from verispec.drafters.plain import PlainDrafter
 from verispec.errors import ConfigError
 from verispec.models.protocol import LanguageModel
 from verispec.names import DRAFTERS
@@ -23,12 +24,12 @@ def make_drafter(
     ngram_max: int = 4,
     draft_head: int | None = None,
     keep_ids: tuple[int, ...] = (),
-) -> Drafter | None:
-    """Build the drafter ``name`` ("none" = plain decoding, returns None)."""
+) -> Drafter:
+    """Build the drafter ``name`` ("none" = plain decoding: a drafter that proposes nothing)."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
     if name == "none":
-        return None
+        return PlainDrafter()
     if name == "ngram":
         return NgramDrafter(ngram_min, ngram_max)
     if draft_model is None:

@@ -28,14 +28,15 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from verispec.config import EngineConfig, SamplingParams, check_text
 from verispec.drafters.base import BatchView, Drafter
+from verispec.drafters.plain import PlainDrafter
 from verispec.engine.policy import DraftPolicy, make_policy
+from verispec.engine.recorder import StepRecord, StepRecorder
 from verispec.engine.request import Request, RequestOutput
 from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.formats.tokenizer import Tokenizer
@@ -43,32 +44,17 @@ from verispec.models.protocol import LanguageModel
 from verispec.sampling import Laws, TokenHistory, build_laws, cut_vocab, make_generator
 from verispec.verify import Draft, make_rule
 
-#: Context tokens a drafter feeds before drafting in steady state: the last committed token, plus
-#: the last draft token after a full acceptance.
-STEADY_CATCHUP = 2
-
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepRecord:
-    """Measurements of one decode step (the policy and the benchmarks read these)."""
-
-    batch: int
-    num_passes: int  # sequential draft passes (the largest k of the step)
-    draft_tokens: list[int]
-    accepted: list[int]
-    draft_seconds: float
-    verify_seconds: float
 
 
 class Engine:
     """Speculative (or plain) generation for many requests at once; see the module docstring.
 
     ``target``: the model whose distribution the output follows. ``drafter``: where draft tokens
-    come from (None = plain decoding). ``tokenizer``: for text prompts, streaming text and stop
-    strings (token ids work without one). ``vocab_limit``: ids the tokenizer defines (default: the
-    tokenizer's size, else the model's logits width).
+    come from (None = plain decoding: :class:`~verispec.drafters.plain.PlainDrafter`).
+    ``tokenizer``: for text prompts, streaming text and stop strings (token ids work without one).
+    ``vocab_limit``: ids the tokenizer defines (default: the tokenizer's size, else the model's
+    logits width).
     """
 
     def __init__(
@@ -85,7 +71,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.target = target
         self.tokenizer = tokenizer
-        self.drafter = drafter
+        self.drafter: Drafter = drafter if drafter is not None else PlainDrafter()
         self.rule = make_rule(self.config.spec_config(), check_values=False)
         self.lossless = bool(self.rule.lossless)
         self.vocab_size = target.config.vocab_size
@@ -97,12 +83,17 @@ class Engine:
                 eos_token_ids = (target.config.eos_token_id,)
         self.eos_token_ids = tuple(eos_token_ids)
         self.cache = target.new_cache(self.config.max_batch, self.config.max_len)
-        self.policy = policy or make_policy(self.config, speculative=drafter is not None)
+        self.policy = policy or make_policy(self.config, speculative=self.drafter.proposes)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.steps: deque[StepRecord] = deque(maxlen=4096)
+        self.recorder = StepRecorder()
         self._ids = itertools.count()
         self._live: set[str] = set()  # ids of queued and running requests
+
+    @property
+    def steps(self) -> deque[StepRecord]:
+        """The measurements of the last decode steps (:class:`~verispec.engine.recorder.StepRecorder`)."""
+        return self.recorder.steps
 
     # ------------------------------------------------------------------------------ requests
     def add_request(
@@ -217,9 +208,8 @@ class Engine:
             req.timings.chunk_times.append(now)
             req.timings.verify_seconds += now - start
             try:
-                if self.drafter is not None:
-                    self.drafter.begin(req.request_id, req.prompt_ids)
-                    self.drafter.observe(req.request_id, [token])
+                self.drafter.begin(req.request_id, req.prompt_ids)
+                self.drafter.observe(req.request_id, [token])
                 outputs.append(self._commit(req, [token]))
             except Exception as exc:  # one request's failure must not take the others down
                 log.exception("request %s failed after prefill", req.request_id)
@@ -253,65 +243,54 @@ class Engine:
 
     # --------------------------------------------------------------------------------- decode
     def _decode(self, batch: list[Request]) -> list[RequestOutput]:
+        """One step for the running batch, the six steps of ARCHITECTURE section 1."""
         budgets = [r.max_output - len(r.output_ids) - 1 for r in batch]  # drafting past max_tokens is waste
-        ks = self.policy.draft_lengths(batch, budgets) if self.drafter is not None else [0] * len(batch)
-        start = time.perf_counter()
-        if self.drafter is not None and any(ks):
-            # With K auto, a drafter whose tokens are free may draft to the budget; a fixed K is K.
-            auto = self.config.num_draft_tokens is None
-            free = [min(b, self.config.max_draft_tokens) for b in budgets] if auto else None
-            view = BatchView(
-                [r.request_id for r in batch], [r.context for r in batch], [r.params for r in batch],
-                [r.generator for r in batch], free,
-            )  # fmt: skip
-            try:
-                draft = self.drafter.propose(view, ks)
-            except Exception:  # a drafter fault costs this step its draft, never a request its life
-                log.exception("the drafter failed; this step decodes without a draft")
-                draft = self._empty_draft(len(batch))
-        else:
-            draft = self._empty_draft(len(batch))
-        drafted = time.perf_counter()
+        ks = self.policy.draft_lengths(batch, budgets)  # 1. a draft length per request (0 = none)
+        self.recorder.start()
+        draft = self._propose(batch, ks, self.policy.ceilings(budgets))  # 2. the drafter proposes
+        self.recorder.drafted()
         counts = draft.num_tokens.tolist()  # host ints: drafters build drafts on the host
+        logits = self._verify_pass(batch, draft, counts)  # 3. one target pass: [B, K + 1, V] fp32
+        draft = self._on_device(draft, self.target.device)
+        accepted, rows, failed = self._judge(logits, batch, draft)  # 4-5. laws, then the rule
+        self.cache.keep_step_prefix([1 + a for a in accepted], [r.cache_slot for r in batch])  # 6. commit
+        self.recorder.verified()
+        step = self.recorder.record(counts, accepted, self.drafter.last_catchup_tokens)
+        self.policy.observe(batch, counts, accepted, step.draft_sample, step.verify_seconds)
+        healthy = [i for i in range(len(batch)) if i not in failed]
+        self.recorder.charge(step, [(batch[i], counts[i], accepted[i]) for i in healthy])
+        outputs = [self._fail(batch[i], exc) for i, exc in failed.items()]
+        for i in healthy:
+            try:
+                self.drafter.observe(batch[i].request_id, rows[i])
+                outputs.append(self._commit(batch[i], rows[i]))
+            except Exception as exc:  # one request's failure must not take the batch down
+                log.exception("request %s failed while committing", batch[i].request_id)
+                outputs.append(self._fail(batch[i], exc))
+        return outputs
+
+    def _propose(self, batch: list[Request], ks: list[int], ceilings: list[int]) -> Draft:
+        """The drafter's proposal for the rows with ``ks[b] > 0`` (nothing is asked of it, and no
+        randomness spent, when no row drafts); a drafter fault costs this step its draft."""
+        if not any(ks):
+            return self._empty_draft(len(batch))
+        view = BatchView(
+            [r.request_id for r in batch], [r.params for r in batch], [r.generator for r in batch], ceilings
+        )
+        try:
+            return self.drafter.propose(view, ks)
+        except Exception:  # never a request's life
+            log.exception("the drafter failed; this step decodes without a draft")
+            return self._empty_draft(len(batch))
+
+    def _verify_pass(self, batch: list[Request], draft: Draft, counts: list[int]) -> Tensor:
+        """ONE target pass over ``[pending token, draft tokens]`` per row (right-padded, each row at
+        its own cache length): logits ``[B, K + 1, V]`` fp32."""
         device = self.target.device
         pending = torch.tensor([[r.pending] for r in batch], dtype=torch.long, device=device)  # [B, 1]
         tokens = torch.cat([pending, draft.token_ids.to(device).clamp_min(0)], dim=1)  # [B, K + 1]
         slots = [r.cache_slot for r in batch]
-        logits = self.target.forward(
-            tokens,
-            None,
-            self.cache,
-            num_new=[1 + n for n in counts],
-            slots=slots,
-        )  # [B, K + 1, V] fp32
-        draft = self._on_device(draft, device)
-        accepted, rows, failed = self._judge(logits, batch, draft)
-        self.cache.keep_step_prefix([1 + a for a in accepted], slots)
-        done = time.perf_counter()
-        self.steps.append(StepRecord(len(batch), draft.max_tokens, counts, accepted, drafted - start, done - drafted))
-        # A draft pass that first caught up on a prompt, or on tokens committed while speculation was
-        # off, is no sample of what drafting costs per token (the policy would switch itself off).
-        catchup = self.drafter.last_catchup_tokens if self.drafter is not None and any(counts) else 0
-        clean = drafted - start if catchup <= STEADY_CATCHUP else None
-        self.policy.observe(batch, counts, accepted, clean, done - drafted)
-
-        outputs = [self._fail(batch[i], exc) for i, exc in failed.items()]
-        for i, (req, n_draft, n_acc, new) in enumerate(zip(batch, counts, accepted, rows, strict=True)):
-            if i in failed:
-                continue
-            try:
-                req.stats.observe(n_draft, n_acc)
-                req.timings.steps += 1
-                req.timings.draft_seconds += drafted - start
-                req.timings.verify_seconds += done - drafted
-                req.timings.chunk_times.append(done)
-                if self.drafter is not None:
-                    self.drafter.observe(req.request_id, new)
-                outputs.append(self._commit(req, new))
-            except Exception as exc:  # one request's failure must not take the batch down
-                log.exception("request %s failed while committing", req.request_id)
-                outputs.append(self._fail(req, exc))
-        return outputs
+        return self.target.forward(tokens, None, self.cache, num_new=[1 + n for n in counts], slots=slots)
 
     def _judge(
         self, logits: Tensor, batch: list[Request], draft: Draft
@@ -427,7 +406,6 @@ class Engine:
             if req.slot is not None:
                 self.cache.remove_sequence(req.slot)
                 req.slot = None
-            if self.drafter is not None:
-                self.drafter.end(req.request_id)
+            self.drafter.end(req.request_id)
             self._live.discard(req.request_id)
         self.running = keep

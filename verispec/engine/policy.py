@@ -31,7 +31,15 @@ from verispec.engine.request import Request
 
 
 class DraftPolicy(Protocol):
+    """Chooses each request's draft length per step from what it has observed. ``budgets[b]``: the
+    draft tokens that can still be useful to request b (its remaining allowance)."""
+
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]: ...
+
+    def ceilings(self, budgets: Sequence[int]) -> list[int]:
+        """The most tokens a drafter whose tokens cost nothing (prompt lookup) may propose per
+        request: a fixed K holds for every drafter; a chosen K does not bind a free draft."""
+        ...
 
     def observe(
         self,
@@ -50,6 +58,9 @@ class FixedPolicy:
         self.k = k
 
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
+        return [max(0, min(self.k, b)) for b in budgets]
+
+    def ceilings(self, budgets: Sequence[int]) -> list[int]:
         return [max(0, min(self.k, b)) for b in budgets]
 
     def observe(
@@ -138,6 +149,9 @@ class MeasuredPolicy:
             return ema.value
         known = [e.value for e in self.draft_pass.values() if e.value is not None]
         return min(known) if known else 0.2 * self._verify_cost(batch, 1)
+
+    def ceilings(self, budgets: Sequence[int]) -> list[int]:
+        return [max(0, min(self.max_k, b)) for b in budgets]
 
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
         n = len(batch)

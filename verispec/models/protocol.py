@@ -1,7 +1,8 @@
 """What the engine and the drafters need of a language model and of its KV cache.
 
-:class:`~verispec.models.transformer.Transformer` implements it natively; the generic
-Hugging Face adapter (:mod:`verispec.formats.hf`) implements it for one sequence at a time.
+:class:`~verispec.models.transformer.Transformer` implements it natively; the generic Hugging
+Face adapter (:mod:`verispec.models.hf_adapter`, built by :mod:`verispec.formats.hf`) implements
+it for one sequence at a time.
 """
 
 from __future__ import annotations

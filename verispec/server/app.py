@@ -162,7 +162,7 @@ class Server:
         self.max_prompt_bytes = config.max_prompt_bytes or DEFAULT_BYTES_PER_TOKEN * self.max_prompt_tokens
         # With K chosen per step, a seed fixes the law but not the text (a different K spends the
         # randomness differently): say so in every seeded answer.
-        self.seed_warning = engine.drafter is not None and engine.config.num_draft_tokens is None
+        self.seed_warning = engine.drafter.proposes and engine.config.num_draft_tokens is None
         self.created = int(time.time())
 
     # ----------------------------------------------------------------------- endpoints
@@ -366,9 +366,9 @@ def create_app(
     draft = source.draft.name if isinstance(source, Pipeline) and source.draft is not None else ""
     names = config.served_model_names or (target,)
     if metrics is None:
-        drafter = type(engine.drafter).__name__ if engine.drafter is not None else "none"
+        drafter = engine.drafter.name
         k = engine.config.num_draft_tokens
-        positions = 0 if engine.drafter is None else (engine.config.max_draft_tokens if k is None else k)
+        positions = 0 if not engine.drafter.proposes else (engine.config.max_draft_tokens if k is None else k)
         metrics = ServerMetrics(
             names[0], target=target, draft=draft, drafter=drafter, lossless=engine.lossless, num_positions=positions
         )

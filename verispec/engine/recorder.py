@@ -1,0 +1,76 @@
+"""Measurements of the engine's steps: what the draft-length policy and the benchmarks read.
+
+One :class:`StepRecord` per decode step (batch size, draft tokens and accepted tokens per row,
+draft and verification time), the last ``maxlen`` of them kept; and each request's own timings
+(:class:`~verispec.engine.request.Timings`) charged as its tokens are committed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from verispec.engine.request import Request
+
+#: Context tokens a drafter feeds before drafting in steady state: the last committed token, plus
+#: the last draft token after a full acceptance.
+STEADY_CATCHUP = 2
+
+
+@dataclass
+class StepRecord:
+    """Measurements of one decode step (the policy and the benchmarks read these)."""
+
+    batch: int
+    num_passes: int  # sequential draft passes (the largest k of the step)
+    draft_tokens: list[int]
+    accepted: list[int]
+    draft_seconds: float
+    verify_seconds: float
+    catchup_tokens: int = 0  # context the drafter fed before drafting (see STEADY_CATCHUP)
+
+    @property
+    def draft_sample(self) -> float | None:
+        """The draft time as a sample of what drafting costs, or None when the draft pass first
+        caught up on a prompt or on tokens committed while speculation was off (the policy would
+        otherwise mistake that one-off cost for the price of a draft token)."""
+        return self.draft_seconds if self.catchup_tokens <= STEADY_CATCHUP else None
+
+
+class StepRecorder:
+    """Times the phases of each step: ``start()``, ``drafted()``, ``verified()``, then
+    :meth:`record` keeps the step's :class:`StepRecord`."""
+
+    def __init__(self, maxlen: int = 4096) -> None:
+        self.steps: deque[StepRecord] = deque(maxlen=maxlen)
+        self._start = self._drafted = self._verified = 0.0
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def drafted(self) -> None:
+        self._drafted = time.perf_counter()
+
+    def verified(self) -> None:
+        self._verified = time.perf_counter()
+
+    def record(self, draft_tokens: list[int], accepted: list[int], catchup_tokens: int) -> StepRecord:
+        step = StepRecord(
+            len(draft_tokens), max(draft_tokens, default=0), draft_tokens, accepted,
+            self._drafted - self._start, self._verified - self._drafted, catchup_tokens if any(draft_tokens) else 0,
+        )  # fmt: skip
+        self.steps.append(step)
+        return step
+
+    def charge(self, step: StepRecord, rows: Sequence[tuple[Request, int, int]]) -> None:
+        """Each request's share of the step, for ``(request, draft tokens, accepted)`` rows: its
+        acceptance figures, its draft and verification time, one more step, and the moment its
+        new tokens were committed."""
+        for req, drafted, accepted in rows:
+            req.stats.observe(drafted, accepted)
+            req.timings.steps += 1
+            req.timings.draft_seconds += step.draft_seconds
+            req.timings.verify_seconds += step.verify_seconds
+            req.timings.chunk_times.append(self._verified)
