@@ -211,18 +211,16 @@ class EngineConfig:
     """How the engine runs: batch and context limits, draft length, acceptance rule.
 
     ``num_draft_tokens``: a fixed K (0 = no speculation), or None to let the policy choose K per
-    request and per step from measurements (``max_draft_tokens`` bounds it).
-    ``max_len``: tokens per sequence (prompt + output) the KV caches hold.
+    request and per step from measurements (``max_draft_tokens`` bounds it). ``spec``: the
+    acceptance rule and its lossy opt-in (its own ``num_draft_tokens`` is not read: the engine's
+    K is this config's). ``max_len``: tokens per sequence (prompt + output) the KV caches hold.
     """
 
     max_batch: int = 8
     max_len: int = 4096
     num_draft_tokens: int | None = None
     max_draft_tokens: int = 8
-    rule: str = "rejection"
-    allow_lossy: bool = False
-    typical_epsilon: float = 0.09
-    typical_delta: float = 0.3
+    spec: SpecConfig = SpecConfig()
     prefill_chunk: int = 512
 
     def __post_init__(self) -> None:
@@ -237,20 +235,5 @@ class EngineConfig:
                 raise ConfigError(f"num_draft_tokens (K) must be >= 0 (0 = no speculation) or None (auto), got {k}")
             if k > self.max_draft_tokens:
                 object.__setattr__(self, "max_draft_tokens", k)
-        # Reuse SpecConfig's checks of the rule and its lossy opt-in.
-        SpecConfig(
-            num_draft_tokens=1,
-            rule=self.rule,
-            allow_lossy=self.allow_lossy,
-            typical_epsilon=self.typical_epsilon,
-            typical_delta=self.typical_delta,
-        )
-
-    def spec_config(self) -> SpecConfig:
-        return SpecConfig(
-            num_draft_tokens=max(1, self.num_draft_tokens or 1),
-            rule=self.rule,
-            allow_lossy=self.allow_lossy,
-            typical_epsilon=self.typical_epsilon,
-            typical_delta=self.typical_delta,
-        )
+        if not isinstance(self.spec, SpecConfig):
+            raise ConfigError(f"spec must be a SpecConfig, got {type(self.spec).__name__}", param="spec")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.config import EngineConfig, SamplingParams
+from verispec.config import EngineConfig, SamplingParams, SpecConfig
 from verispec.drafters.registry import make_drafter
 from verispec.engine.engine import Engine
 from verispec.engine.request import RequestOutput
@@ -84,7 +84,9 @@ def build(
     device = check_device(device)
     for value in {dtype, draft_dtype or dtype}:
         check_precision(value, device)  # before any loading: int4/int8 need this CPU's AMX kernels
-    config = EngineConfig(max_batch=max_batch, max_len=max_len, num_draft_tokens=k, rule=rule, allow_lossy=allow_lossy)
+    config = EngineConfig(
+        max_batch=max_batch, max_len=max_len, num_draft_tokens=k, spec=SpecConfig(rule=rule, allow_lossy=allow_lossy)
+    )
     target_model = load_model(target, dtype=dtype, device=device, progress=progress)
     draft_model = None
     vocab = target_model.vocab_size

@@ -40,7 +40,7 @@ from verispec.certify.toy import (
     sequence_index,
     toy_pair,
 )
-from verispec.config import SamplingParams
+from verispec.config import SamplingParams, SpecConfig
 from verispec.errors import ConfigError
 from verispec.verify import GreedyRule, RejectionRule, TypicalRule
 from verispec.verify.base import AcceptanceRule
@@ -403,7 +403,7 @@ def certify_engine_case(
     max_len = len(prompt) + case.prefix_len + 1
     config = EngineConfig(
         max_batch=batch, max_len=max_len, num_draft_tokens=case.k, max_draft_tokens=max(case.k or 4, 1),
-        rule=case.rule, allow_lossy=case.rule == "typical",
+        spec=SpecConfig(rule=case.rule, allow_lossy=case.rule == "typical"),
     )  # fmt: skip
     # Prompt lookup from single tokens up: on a tiny vocabulary every token has occurred before.
     drafter = make_drafter(

@@ -72,7 +72,7 @@ class Engine:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter: Drafter = drafter if drafter is not None else PlainDrafter()
-        self.rule = make_rule(self.config.spec_config(), check_values=False)
+        self.rule = make_rule(self.config.spec, check_values=False)
         self.lossless = bool(self.rule.lossless)
         self.vocab_size = target.config.vocab_size
         limit = vocab_limit if vocab_limit is not None else (tokenizer.vocab_size if tokenizer else None)
