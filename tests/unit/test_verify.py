@@ -745,7 +745,7 @@ def test_good_inputs_pass(rule):
         (lambda d, tp, g: (d, tp, [*g, None]), "3 generators for a batch of 2"),
         (
             lambda d, tp, g: (Draft(d.token_ids, d.num_tokens, d.probs, torch.full((2, 3), -1)), tp, g),
-            "tree drafts.*TreeRejectionRule",
+            "tree drafts.*draft a chain",
         ),
     ],
 )  # fmt: skip

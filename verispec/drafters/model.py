@@ -87,8 +87,8 @@ class ModelDrafter:
             self._restrict_head(head_size, keep_ids)
 
     def _restrict_head(self, head_size: int, keep_ids: Sequence[int]) -> None:
-        lm_weight = getattr(self.model, "lm_weight", None)
-        if not hasattr(self.model, "forward_with_hidden") or not isinstance(lm_weight, Tensor):
+        lm_weight = self.model.lm_weight
+        if lm_weight is None:
             raise ConfigError(
                 f"{type(self.model).__name__} does not expose its hidden states and LM head, so its head "
                 "cannot be restricted; drop the draft vocabulary option"
@@ -100,8 +100,8 @@ class ModelDrafter:
         # A head on verispec's kernels (bf16 or int8) is sliced as it is: the restricted head then
         # computes exactly the full head's scores for its ids, at the kernel's speed. Otherwise
         # its rows in the model's dtype, for F.linear.
-        head = getattr(self.model, "lm_head", None)
-        if head is not None and getattr(self.model, "cpu_kernels", False):
+        head = self.model.lm_head
+        if head is not None and self.model.cpu_kernels:
             from verispec.kernels.linear import select_rows
 
             self._head_module = select_rows(head, self._head_ids)
@@ -151,7 +151,7 @@ class ModelDrafter:
         slots = [s.slot for s in states]
         if self._head_ids is not None:
             none = torch.empty((len(pieces), 0), dtype=torch.long, device=device)
-            hidden = self.model.forward_with_hidden(  # type: ignore[attr-defined]
+            hidden = self.model.forward_with_hidden(
                 tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=none
             ).hidden  # [R, T, C]
             h = hidden.gather(1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))[:, 0]  # [R, C]

@@ -26,6 +26,7 @@ import torch
 
 from verispec.formats.files import write_json
 from verispec.models.protocol import LanguageModel
+from verispec.names import QUANTIZED
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,9 @@ def fingerprint(model: LanguageModel, name: str) -> str:
         str(model.dtype), str(model.device), str(torch.get_num_threads()), torch.__version__,
         type(model).__name__,
     ]  # fmt: skip
-    precision = getattr(model, "precision", None)
-    if precision in ("int8", "int4"):  # quantised weights cost differently from the dtype's dense ones
-        parts.append(str(precision))
-    if getattr(model, "cpu_kernels", False):  # on verispec's kernels: their sources decide the costs
+    if model.precision in QUANTIZED:  # quantised weights cost differently from the dtype's dense ones
+        parts.append(model.precision)
+    if model.cpu_kernels:  # on verispec's kernels: their sources decide the costs
         from verispec.kernels.build import build_key
 
         parts.append("kernels " + build_key())

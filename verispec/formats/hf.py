@@ -19,13 +19,11 @@ lowered to the window (a warning says so), and refused when it also scales RoPE 
 depends on ``max_position``). ``eos_token_id`` may be a list; ModelConfig keeps its first id (the
 tokenizer, :meth:`~verispec.formats.tokenizer.Tokenizer.from_hf_folder`, keeps all stop ids).
 
-**Adapter** (:class:`HFCausalLMAdapter`). Any causal LM transformers can run (GPT-2, GPT-NeoX,
-Phi, ...), behind the interface the engine uses for ``Transformer``: ``config``, ``dtype``,
-``device``, ``new_cache`` and ``forward``. It serves one sequence and chains only (no batches, no
-tree masks). Its cache (:class:`HFCache`) keeps the KVCache methods the engine calls over
-transformers' ``DynamicCache``; a rollback crops the cache's tail, as transformers' assisted
-generation does after verification (``crop`` with a negative count removes that many tokens).
-transformers is optional and imported only when an adapter is built.
+**Adapter** (:func:`load_adapter`, :func:`adapt`). Any causal LM transformers can run (GPT-2,
+GPT-NeoX, Phi, ...), described as a ModelConfig (:func:`describe`) and wrapped in
+:class:`~verispec.models.hf_adapter.HFCausalLMAdapter`, the runtime's interface over transformers
+(one sequence, chains only; see that module). transformers is optional and imported only when an
+adapter is built.
 """
 
 from __future__ import annotations

@@ -150,6 +150,16 @@ class HFCausalLMAdapter:
         self._keep_logits = "logits_to_keep" in params
         self._new_dynamic = transformers.DynamicCache  # no config: full, croppable layers everywhere
         self.config = config
+        self.cpu_kernels = False  # transformers' own kernels
+        self.lm_head: torch.nn.Module | None = None  # not exposed: the draft head cannot be restricted
+
+    @property
+    def precision(self) -> str:
+        return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(self.dtype, str(self.dtype).removeprefix("torch."))
+
+    @property
+    def lm_weight(self) -> Tensor | None:
+        return None
 
     @property
     def dtype(self) -> torch.dtype:

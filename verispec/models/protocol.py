@@ -8,12 +8,15 @@ it for one sequence at a time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
 from verispec.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from verispec.models.transformer import ForwardOutput
 
 
 class Cache(Protocol):
@@ -28,7 +31,24 @@ class Cache(Protocol):
 
 
 class LanguageModel(Protocol):
+    """Every capability of a model that the engine, the drafters and calibration use."""
+
     config: ModelConfig
+    #: The decoder layers run on verispec's CPU kernels (batch-invariant; calibration keys on them).
+    cpu_kernels: bool
+    #: The LM head as a module (a restricted draft head slices it on the kernels), or None.
+    lm_head: torch.nn.Module | None
+
+    @property
+    def precision(self) -> str:
+        """ "fp32", "bf16", "int8" or "int4" (quantised weights cost differently from dense ones)."""
+        ...
+
+    @property
+    def lm_weight(self) -> Tensor | None:
+        """The LM head's rows ``[V, C]`` (a restricted draft head scores a subset of them), or None
+        when the model does not expose them."""
+        ...
 
     @property
     def dtype(self) -> torch.dtype: ...
@@ -49,3 +69,17 @@ class LanguageModel(Protocol):
         slots: Sequence[int] | None = None,
         logits_at: Tensor | None = None,
     ) -> Tensor: ...
+
+    def forward_with_hidden(
+        self,
+        tokens: Tensor,
+        positions: Tensor | None,
+        cache: Any,
+        attn_mask: Tensor | None = None,
+        *,
+        num_new: Tensor | Sequence[int] | None = None,
+        slots: Sequence[int] | None = None,
+        logits_at: Tensor | None = None,
+    ) -> ForwardOutput:
+        """:meth:`forward` that also returns the last hidden states (after the final norm)."""
+        ...

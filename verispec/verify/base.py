@@ -141,7 +141,9 @@ def check_inputs(
             "draft and target vocabulary sizes must match"
         )
     if draft.parents is not None:
-        raise InputError("this rule verifies chains; tree drafts (parents set) need TreeRejectionRule")
+        raise InputError(
+            "this rule verifies chains; tree drafts (parents set) have no rule in this version: draft a chain"
+        )
     if len(generators) != batch:
         raise InputError(f"got {len(generators)} generators for a batch of {batch}; pass one per row")
     if not check_values:
