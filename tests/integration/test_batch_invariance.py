@@ -44,10 +44,7 @@ def model(precision: str, seed: int = 0, noise: float = 0.0, kernels: bool = Tru
     if precision == "int8":
         packed = packing.pack(packing.WeightSource(state_dict=sd), config(), "int8")
         sd = packing.merge(sd, packed)
-    m = Transformer(config(), sd, dtype=torch.bfloat16)
-    if kernels:
-        m.use_cpu_kernels()
-    return m
+    return Transformer(config(), sd, dtype=torch.bfloat16, cpu_kernels=kernels)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

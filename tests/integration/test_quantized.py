@@ -76,7 +76,7 @@ def models(gguf_path: Path) -> dict[str, LoadedModel]:
 
 def source_tensors(prefix: str, tied: bool) -> list[str]:
     """The checkpoint tensors a projection of a loaded model computes (q/k/v and gate/up are fused
-    into one projection when their kinds allow, see Transformer.use_cpu_kernels)."""
+    into one projection when their kinds allow, see Transformer's cpu_kernels)."""
     if prefix == "lm_head":
         return ["model.embed_tokens.weight" if tied else "lm_head.weight"]
     base, _, name = prefix.rpartition(".")

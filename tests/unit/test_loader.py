@@ -50,7 +50,7 @@ def test_prepared_bf16_loads_the_safetensors_exactly(fake: FakeModel) -> None:
     if bf16_kernel_usable():  # then the loader moved the model onto the kernels
         assert {m.kind for m in loaded.model.linears().values()} == {"bf16"}
         assert loaded.model.cpu_kernels == (config.head_dim % 32 == 0)  # the row kernels' head sizes
-        reference.use_cpu_kernels()
+        reference = Transformer(config, state, dtype=torch.bfloat16, cpu_kernels=True)
     for name, tensor in reference.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], tensor), name
     ids = loaded.tokenizer.encode("the def 1 in")

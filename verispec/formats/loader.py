@@ -22,7 +22,7 @@ and "int4" (activations quantised to int8 per block of 64 inputs, exact int32 su
 AVX-512 VNNI / BF16 and AMX only, else :class:`ConfigError`).
 On a CPU with those instructions a bf16 model's projections are repacked at load time for the
 AMX kernel (about a second per GB; :func:`bf16_kernel_usable`), and bf16 / int8 / int4 models
-attend through the row-by-row kernel (:meth:`Transformer.use_cpu_kernels`: batch-invariant, so
+attend through the row-by-row kernel (:class:`Transformer` built with ``cpu_kernels=True``: batch-invariant, so
 greedy speculation equals greedy plain decoding in these precisions too); elsewhere bf16 runs on
 torch's kernels.
 
@@ -169,7 +169,9 @@ def _stage(progress: ProgressFn | None) -> Callable[[str, int, int], None] | Non
     return lambda _name, done, total: progress("load", done, total)
 
 
-def _load_prepared(folder: Path, name: str, precision: str, device: str, progress: ProgressFn | None) -> _Loaded:
+def _load_prepared(
+    folder: Path, name: str, precision: str, device: str, progress: ProgressFn | None, kernels: bool
+) -> _Loaded:
     from verispec.formats.convert import CONFIG_FORMAT, load_safetensors
 
     dtype = DTYPES[precision]
@@ -204,11 +206,11 @@ def _load_prepared(folder: Path, name: str, precision: str, device: str, progres
 
         source = folder / GGUF_FILE
         state = GGUFModel(source).state_dict(dtype, progress=_stage(progress))
-    model = Transformer(config, state, dtype=dtype, device=device)
+    model = Transformer(config, state, dtype=dtype, device=device, cpu_kernels=kernels)
     return config, model, Tokenizer.from_hf_folder(folder), source, vocab_size
 
 
-def _load_gguf(path: Path, precision: str, device: str, progress: ProgressFn | None) -> _Loaded:
+def _load_gguf(path: Path, precision: str, device: str, progress: ProgressFn | None, kernels: bool) -> _Loaded:
     from verispec.formats.gguf import GGUFModel
     from verispec.formats.vocab import gguf_vocab_size
 
@@ -227,11 +229,11 @@ def _load_gguf(path: Path, precision: str, device: str, progress: ProgressFn | N
         state = dense | packed
     else:
         state = gguf.state_dict(dtype, progress=_stage(progress))
-    model = Transformer(gguf.config, state, dtype=dtype, device=device)
+    model = Transformer(gguf.config, state, dtype=dtype, device=device, cpu_kernels=kernels)
     return gguf.config, model, Tokenizer.from_gguf(gguf.file), path, gguf_vocab_size(gguf.file)
 
 
-def _load_hf(path: Path, precision: str, device: str) -> _Loaded:
+def _load_hf(path: Path, precision: str, device: str, kernels: bool) -> _Loaded:
     from verispec.formats.hf import load_hf_folder  # written separately; imported only when needed
 
     dtype = DTYPES[precision]
@@ -243,7 +245,7 @@ def _load_hf(path: Path, precision: str, device: str) -> _Loaded:
         state = packing.merge(exact, packed)
     else:
         config, state = load_hf_folder(path, dtype, device)
-    model = Transformer(config, state, dtype=dtype, device=device)
+    model = Transformer(config, state, dtype=dtype, device=device, cpu_kernels=kernels)
     tokenizer = Tokenizer.from_hf_folder(path)
     return config, model, tokenizer, path, tokenizer.vocab_size
 
@@ -265,6 +267,8 @@ def load_model(
     check_precision(dtype, device)
     torch_dtype = _torch_dtype(dtype)
     start = time.perf_counter()
+    # bf16 / int8 / int4 CPU models are built on the kernels where they run (the form never changes after)
+    kernels = device == "cpu" and (dtype in QUANTIZED or (dtype == "bf16" and bf16_kernel_usable()))
     text = os.fspath(spec)
     path = Path(text).expanduser()
     if text in MODELS:
@@ -279,10 +283,10 @@ def load_model(
                 f"model {text!r} is not prepared (no complete {folder}); run `verispec models prepare {text}`"
             )
         name = text
-        loaded = _load_prepared(folder, text, dtype, device, progress)
+        loaded = _load_prepared(folder, text, dtype, device, progress, kernels)
     elif path.is_file():
         name = path.stem
-        loaded = _load_gguf(path, dtype, device, progress)
+        loaded = _load_gguf(path, dtype, device, progress, kernels)
     elif path.is_dir() and (path / MARKER_FILE).exists():
         name = path.name
         if read_marker(path) is None:
@@ -290,10 +294,10 @@ def load_model(
                 f"{path} is an incomplete prepared model (interrupted or damaged); prepare it again with "
                 f"`verispec models prepare {path.name} --force`"
             )
-        loaded = _load_prepared(path, path.name, dtype, device, progress)
+        loaded = _load_prepared(path, path.name, dtype, device, progress, kernels)
     elif path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors")):
         name = path.name
-        loaded = _load_hf(path, dtype, device)
+        loaded = _load_hf(path, dtype, device, kernels)
     elif path.is_dir():
         raise ModelLoadError(
             f"{path} is neither a prepared verispec model (prepared.json) nor a Hugging Face model folder "
@@ -305,8 +309,6 @@ def load_model(
             f"folder; see `verispec models list`"
         )
     config, model, tokenizer, source, vocab_size = loaded
-    if device == "cpu" and (dtype in QUANTIZED or (dtype == "bf16" and bf16_kernel_usable())):
-        model.use_cpu_kernels()
     if vocab_size > config.vocab_size:
         raise ModelLoadError(
             f"{source}: the tokenizer defines {vocab_size} ids but the model has only {config.vocab_size} "

@@ -14,7 +14,7 @@ activations on AMX with fp32 sums, read at close to memory bandwidth, flat from 
 batch-invariant like the others. The rest of a decoder layer has kernels too (``attention_rows``:
 attention one query row at a time; ``rms_norm`` with the residual add, ``rotary``, ``silu_mul``),
 each computing a row from that row alone in a fixed order; with them
-:meth:`~verispec.models.transformer.Transformer.use_cpu_kernels` makes a whole forward pass
+:class:`~verispec.models.transformer.Transformer` built with ``cpu_kernels=True`` makes a whole forward pass
 batch-invariant (the loader applies it to bf16, int8 and int4 models on such CPUs).
 
     from verispec.kernels import Q4KLinear, Int8Linear, Bf16Linear

@@ -9,7 +9,7 @@ LM head) is one of:
 - :class:`verispec.kernels.Int8Linear`: per-output-channel int8 (the "int8" precision, and the
   tensors of an "int4" model that the GGUF does not store as Q4_K);
 - :class:`verispec.kernels.Bf16Linear`: bf16 weights repacked for the AMX kernel (the "bf16"
-  precision on CPUs that have it: :meth:`Transformer.pack_bf16 <verispec.models.transformer.Transformer.pack_bf16>`).
+  precision on CPUs that have it: a :class:`~verispec.models.transformer.Transformer` built with ``cpu_kernels=True``).
 
 They share the :class:`Linear` protocol, so the transformer never branches on the kind. In a state
 dict a projection ``P`` is ``P.weight`` (+ ``P.bias``) when dense, ``P.q4k`` (+ ``P.bias``) for

@@ -11,7 +11,7 @@ embedding or not). The parts:
   The ``G = H / H_kv`` query heads of a group are stacked along the query axis, so attention reads
   the cached keys once per group and never copies them (``scaled_dot_product_attention`` over
   ``[B, H_kv, G*T, D]`` queries with an explicit mask); bf16 CPU models with verispec's kernels
-  attend one query row at a time instead (:meth:`Transformer.use_cpu_kernels`: batch-invariant).
+  attend one query row at a time instead (:class:`Transformer` with ``cpu_kernels=True``: batch-invariant).
 - SwiGLU MLP (Shazeer 2020): ``down(silu(gate(x)) * up(x))``; optional q/k/v biases (Qwen2).
 
 **One forward serves every step of speculative decoding** (Leviathan et al. 2023; Chen et al. 2023):
@@ -198,7 +198,9 @@ class Transformer(nn.Module):
     embeddings are tied ``lm_head.weight``, and optionally ``model.rope_freqs`` (RoPE frequency
     divisors from GGUF files, see :mod:`verispec.models.rope`). Tensors already in ``dtype`` on
     ``device`` are used without a copy. Weights and activations are in ``dtype`` (fp32 for
-    reference, bf16 for speed); logits always come back in fp32.
+    reference, bf16 for speed); logits always come back in fp32. ``cpu_kernels=True`` builds the
+    model on verispec's CPU kernels (see :meth:`_move_to_cpu_kernels`): the form is chosen once,
+    at construction, never changed on a model someone holds.
     """
 
     def __init__(
@@ -208,6 +210,7 @@ class Transformer(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        cpu_kernels: bool = False,
     ) -> None:
         super().__init__()
         self.config = config
@@ -223,8 +226,10 @@ class Transformer(nn.Module):
         self._load(rest, dtype, torch.device(device))
         self.requires_grad_(False)
         self.rope = RotaryEmbedding(config, device, state_dict.get(ROPE_FREQS_KEY))
-        #: decoder layers on verispec's CPU kernels (see :meth:`use_cpu_kernels`)
+        #: decoder layers on verispec's CPU kernels (see :meth:`_move_to_cpu_kernels`)
         self.cpu_kernels = False
+        if cpu_kernels:
+            self._move_to_cpu_kernels()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -308,10 +313,11 @@ class Transformer(nn.Module):
         assert isinstance(head, Linear)
         return head.dequantize().to(self.dtype)
 
-    def use_cpu_kernels(self) -> None:
-        """Run this bf16 / int8 / int4 CPU model on verispec's kernels (:mod:`verispec.kernels`):
-        dense bf16 projections move to the AMX kernel (:meth:`pack_bf16`), q/k/v and gate/up are
-        fused into one projection each where their kinds allow, and each decoder layer runs as a
+    def _move_to_cpu_kernels(self) -> None:
+        """Put this bf16 / int8 / int4 CPU model, while it is being built, on verispec's kernels
+        (:mod:`verispec.kernels`): dense bf16 projections move to the AMX kernel
+        (:meth:`_pack_bf16`), q/k/v and gate/up are fused into one projection each where their
+        kinds allow, and each decoder layer runs as a
         short sequence of kernel calls (:meth:`_layers_on_kernels`): RMSNorm with the residual add,
         RoPE and SwiGLU in ``csrc/layer_ops.cpp``, attention one query row at a time in a fixed
         order (``csrc/attention.cpp``). Every operation of a
@@ -325,7 +331,7 @@ class Transformer(nn.Module):
         if self.dtype != torch.bfloat16 or self.device.type != "cpu":
             return
         load()
-        self.pack_bf16()
+        self._pack_bf16()
         d = self.config.head_dim
         if d % 32 or d > 256:  # the row kernels' head sizes; other models keep torch's operations
             return
@@ -335,7 +341,7 @@ class Transformer(nn.Module):
             layer.mlp.fuse()
         self.cpu_kernels = True
 
-    def pack_bf16(self) -> int:
+    def _pack_bf16(self) -> int:
         """Move every dense bf16 CPU projection whose input size is a multiple of 32 (and the LM
         head, tied or not) onto :class:`verispec.kernels.Bf16Linear`, the AMX kernel: the same
         weights, read at close to memory bandwidth and batch-invariant. The tied embedding table
@@ -361,7 +367,7 @@ class Transformer(nn.Module):
     def _layers_on_kernels(
         self, h: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, plan: StepPlan, visible: Tensor
     ) -> Tensor:  # h [B, T, C] (updated in place) -> the final norm of the last hidden states [B, T, C]
-        """The decoder layers and the final norm as kernel calls (see :meth:`use_cpu_kernels`): the
+        """The decoder layers and the final norm as kernel calls (see :meth:`_move_to_cpu_kernels`): the
         same computation as the module path, every operation row by row (batch-invariant)."""
         from verispec.kernels import load
 
