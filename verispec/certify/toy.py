@@ -11,6 +11,12 @@ exactly by enumerating the ``V ** n`` sequences (:func:`exact_prefix_law`). That
 logits + ``distance`` * Gaussian noise), and :func:`generate` runs whole sequences through the full
 loop (draft K tokens, score K + 1 positions with the target, verify, commit, repeat), vectorised
 over many sequences. With no drafter it is plain sampling: the same loop with K = 0.
+
+This is certification's minimal loop, kept apart from the engine on purpose: it certifies the
+acceptance RULES on tens of thousands of sequences at once, as tensors, which the engine's
+per-request bookkeeping would make a hundred times slower. Its drafters (:class:`ToyDrafter`) take
+tensors, not the :class:`~verispec.drafters.base.Drafter` protocol. The engine itself, with the
+protocol's drafters, is certified on tiny transformers (:func:`verispec.certify.core.certify_engine_case`).
 """
 
 from __future__ import annotations
