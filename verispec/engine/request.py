@@ -134,10 +134,6 @@ class Request:
         assert self.slot is not None, "request is not running"
         return self.slot
 
-    @property
-    def context(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
     def commit(self, token_ids: Sequence[int]) -> tuple[list[int], str]:
         """Append committed tokens one by one, stopping at EOS, a stop string or the length limit.
 
