@@ -42,8 +42,10 @@ def test_prefers_longest_then_most_recent_match() -> None:
 
 def test_no_match_gives_empty_draft_and_incremental_updates() -> None:
     d = NgramDrafter(min_n=2, max_n=2)
-    d.begin("r", [1, 2, 3])
+    tokens = [1, 2, 3]  # the request's list: the caller commits into it, the drafter reads it
+    d.begin("r", tokens)
     assert d.lookup("r", 4) == []
+    tokens += [1, 2]
     d.observe("r", [1, 2])
     assert d.lookup("r", 4) == [3, 1, 2]
 
@@ -81,10 +83,12 @@ def test_propose_batch_is_ragged_point_mass() -> None:
 def test_long_context_lookup_stays_cheap() -> None:
     d = NgramDrafter(min_n=2, max_n=4)
     rng = random.Random(0)
-    d.begin("r", [rng.randrange(1000) for _ in range(200_000)])
+    tokens = [rng.randrange(1000) for _ in range(200_000)]
+    d.begin("r", tokens)
     d.lookup("r", 4)  # indexes the prompt once
     index = d._index["r"]
     before = index.indexed_end
+    tokens += [1, 2]
     d.observe("r", [1, 2])
     d.lookup("r", 4)
     assert index.indexed_end - before == 2  # only the new positions were indexed

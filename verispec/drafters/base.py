@@ -2,8 +2,11 @@
 
 Lifecycle per request (as in llama.cpp's ``common/speculative.h`` and transformers'
 ``CandidateGenerator``): ``begin`` when the request joins, then each step ``propose`` for the whole
-running batch and ``observe`` with the tokens the rule committed, and ``end`` when it leaves. A
-drafter keeps its per-request state (KV caches, n-gram indices) keyed by request id; the engine never
+running batch and ``observe`` with the tokens the rule committed, and ``end`` when it leaves.
+``begin`` hands the drafter the request's own token list (prompt, then output), which the engine
+extends as it commits tokens: a drafter reads it and keeps no copy, and ``observe`` tells it how
+many tokens the step committed (for its cache bookkeeping), whether or not they are appended yet.
+A drafter keeps its per-request state (KV caches, n-gram indices) keyed by request id; the engine never
 branches on the drafter's type: plain decoding is a drafter that proposes nothing
 (:mod:`verispec.drafters.plain`), and the policy reads the one declared capability, ``proposes``.
 """

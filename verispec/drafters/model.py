@@ -5,12 +5,13 @@ draft model's law through the SAME :func:`~verispec.sampling.to_probs` and Sampl
 target (penalties included), and that exact law is reported in ``Draft.probs``: the rejection rule
 needs the law the token was actually drawn from, nothing else.
 
-Cache bookkeeping per request: ``context`` is everything committed (prompt + output), ``fed`` how
-many of its tokens are in the draft cache. A proposal first feeds the tokens not yet fed (the last
-committed token, plus the last draft token when the whole draft was accepted: the "catch-up"), in
-one batched pass, then one pass per further draft token. After verification the cache keeps the
-committed prefix and drops what the target rejected (O(1)). A new request's prompt is fed by its
-first proposal, batched with the other requests' pending tokens.
+Cache bookkeeping per request: ``context`` is the request's own token list (everything committed:
+prompt + output; the engine extends it), ``fed`` how many of its tokens are in the draft cache. A
+proposal first feeds the tokens not yet fed (the last committed token, plus the last draft token
+when the whole draft was accepted: the "catch-up"), in one batched pass, then one pass per further
+draft token. After verification the cache keeps the committed prefix and drops what the target
+rejected (O(1)). A new request's prompt is fed by its first proposal, batched with the other
+requests' pending tokens.
 
 Rows that draft nothing this step are not run and consume no randomness. A row whose draft law
 cannot be built (NaN draft logits, every token banned) stops drafting at that position; the
@@ -44,7 +45,7 @@ from verispec.verify.base import PAD_ID, Draft
 class _State:
     slot: int
     prompt_len: int
-    context: list[int]
+    context: Sequence[int]  # the request's token list (prompt + committed output): read, never copied
     fed: int = 0
     last_k: int = 0  # tokens drafted in the last proposal
     context_at_propose: int = 0
@@ -113,7 +114,7 @@ class ModelDrafter:
         if request_id in self._state:
             raise InputError(f"request {request_id!r} is already running; request ids must be unique")
         slot = self.cache.add_sequence()
-        state = _State(slot, len(prompt_ids), list(prompt_ids))
+        state = _State(slot, len(prompt_ids), prompt_ids)
         self._state[request_id] = state  # the prompt is fed by the first proposal, batched with others
 
     def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
@@ -124,7 +125,6 @@ class ModelDrafter:
             state.fed = state.context_at_propose + min(num_accepted, state.last_k - 1)
             self.cache.truncate([state.fed], [state.slot])
             state.last_k = 0
-        state.context.extend(accepted_ids)
 
     def end(self, request_id: str) -> None:
         state = self._state.pop(request_id, None)

@@ -27,14 +27,11 @@ class _Index:
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
-        self.tokens: list[int] = []
+        self.tokens: Sequence[int] = ()  # the request's token list (read, never copied)
         self.tables: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
         # n-grams ending before this position are indexed. The n-grams ending at the last token
         # are indexed only once another token follows, so a lookup never finds its own suffix.
         self.indexed_end = 0
-
-    def extend(self, ids: Sequence[int]) -> None:
-        self.tokens.extend(ids)
 
     def _sync(self) -> None:
         last = len(self.tokens) - 1  # index n-grams ending at positions < last
@@ -54,7 +51,7 @@ class _Index:
                 continue
             start = self.tables[n].get(tuple(toks[-n:]))
             if start is not None:
-                return toks[start : start + k]
+                return list(toks[start : start + k])
         return []
 
 
@@ -75,11 +72,11 @@ class NgramDrafter:
         if request_id in self._index:
             raise InputError(f"request {request_id!r} is already running; request ids must be unique")
         index = _Index(self.min_n, self.max_n)
-        index.extend(prompt_ids)
+        index.tokens = prompt_ids
         self._index[request_id] = index
 
     def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
-        self._state(request_id).extend(accepted_ids)
+        self._state(request_id)  # the tokens arrive through the request's list; only check the id
 
     def end(self, request_id: str) -> None:
         self._index.pop(request_id, None)

@@ -208,7 +208,7 @@ class Engine:
             req.timings.chunk_times.append(now)
             req.timings.verify_seconds += now - start
             try:
-                self.drafter.begin(req.request_id, req.prompt_ids)
+                self.drafter.begin(req.request_id, req.tokens)
                 self.drafter.observe(req.request_id, [token])
                 outputs.append(self._commit(req, [token]))
             except Exception as exc:  # one request's failure must not take the others down
@@ -221,11 +221,11 @@ class Engine:
         right-padded); return the logits ``[B, V]`` after each prompt's last token."""
         device = self.target.device
         chunk = self.config.prefill_chunk
-        lengths = [len(r.prompt_ids) for r in batch]
+        lengths = [r.prompt_len for r in batch]
         last: list[Tensor | None] = [None] * len(batch)
         for offset in range(0, max(lengths), chunk):
             rows = [i for i, n in enumerate(lengths) if n > offset]
-            pieces = [batch[i].prompt_ids[offset : offset + chunk] for i in rows]
+            pieces = [batch[i].tokens[offset : min(offset + chunk, batch[i].prompt_len)] for i in rows]
             width = max(len(p) for p in pieces)
             tokens = torch.zeros((len(rows), width), dtype=torch.long)
             for j, piece in enumerate(pieces):
@@ -244,7 +244,7 @@ class Engine:
     # --------------------------------------------------------------------------------- decode
     def _decode(self, batch: list[Request]) -> list[RequestOutput]:
         """One step for the running batch, the six steps of ARCHITECTURE section 1."""
-        budgets = [r.max_output - len(r.output_ids) - 1 for r in batch]  # drafting past max_tokens is waste
+        budgets = [r.max_output - r.num_output - 1 for r in batch]  # drafting past max_tokens is waste
         ks = self.policy.draft_lengths(batch, budgets)  # 1. a draft length per request (0 = none)
         self.recorder.start()
         draft = self._propose(batch, ks, self.policy.ceilings(budgets))  # 2. the drafter proposes

@@ -106,12 +106,14 @@ class Request:
         max_output: int,
     ) -> None:
         self.request_id = request_id
-        self.prompt_ids = list(prompt_ids)
+        #: The prompt, then every committed output token: the request's one copy of its tokens (the
+        #: drafters read this list, which grows as tokens are committed, and keep none of their own).
+        self.tokens: list[int] = list(prompt_ids)
+        self.prompt_len = len(self.tokens)
         self.params = params
         self.generator = generator
         self.eos_ids = frozenset(eos_ids)
         self.max_output = min(params.max_tokens, max_output)
-        self.output_ids: list[int] = []
         self.pending: int | None = None  # last committed token, not yet in the target's cache
         self.slot: int | None = None
         self.stats = SpecStats()
@@ -127,6 +129,18 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.tokens[: self.prompt_len]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.prompt_len
 
     @property
     def cache_slot(self) -> int:
@@ -149,14 +163,14 @@ class Request:
             if token in self.eos_ids:
                 self.finish_reason = "stop"
                 break
-            self.output_ids.append(token)
+            self.tokens.append(token)
             added.append(token)
             if self.detok is not None:
                 self.text += self.detok.push([token])
                 if self.params.stop and self._truncate_at_stop():
                     self.finish_reason = "stop"
                     break
-            if len(self.output_ids) >= self.max_output:
+            if self.num_output >= self.max_output:
                 self.finish_reason = "length"
         if self.finished and self.detok is not None and self.finish_reason != "stop":
             self.text += self.detok.flush()
@@ -181,13 +195,13 @@ class Request:
             request_id=self.request_id,
             new_token_ids=new_ids,
             new_text=new_text,
-            token_ids=list(self.output_ids),
+            token_ids=self.output_ids,
             text=self.text,
             finished=self.finished,
             finish_reason=self.finish_reason,
             stats=self.stats.merge(SpecStats()),  # a snapshot: the live counters keep moving
-            timings=self.timings.summary(len(self.output_ids)) if self.finished else {},
+            timings=self.timings.summary(self.num_output) if self.finished else {},
             lossless=lossless,
             error=self.error,
-            prompt_tokens=len(self.prompt_ids),
+            prompt_tokens=self.prompt_len,
         )
