@@ -13,7 +13,9 @@ For the default pair (Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft; prepared w
   the fraction of it the T = 1 pass reaches.
 - **transformers**: ``AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf")`` in
   bf16 and fp32, ``generate`` greedy on the same prompt ids, same token budget, median tokens/s.
-- **llama.cpp**: its measured decode speed on this machine for the same Q4_K_M files (constants).
+- **llama.cpp**: ``llama-bench`` text generation (tg) on the same Q4_K_M file with the same thread
+  count, measured in this run when llama.cpp is built (``--llama-cpp BIN``, default the folder
+  ``../shared/tools/build-llamacpp.sh`` builds into); otherwise no llama.cpp row is printed.
 - **greedy agreement**: the int8 and int4 outputs compared with bf16's, token by token.
 
 Targets the issue sets: verispec bf16 >= 1.5x transformers bf16 and >= 70% of its physical limit;
@@ -21,7 +23,7 @@ a verification pass of K = 4 draft tokens (T = 5) <= 1.3x the cost of K = 1 (T =
 precision that verifies; a quantised precision faster than bf16 at plain decoding.
 
     python benchmarks/decode_speed.py [--threads 2] [--precisions bf16,int8,int4] [--roles target,draft]
-        [--tokens 64] [--prompts 3] [--reps 9] [--context 128] [--no-hf] [--json out.json]
+        [--tokens 64] [--prompts 3] [--reps 9] [--context 128] [--no-hf] [--llama-cpp BIN] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -43,8 +46,8 @@ from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, 
 from verispec.formats.registry import GGUF_FILE, model_dir
 
 ROLES = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}
-#: llama.cpp decode tokens/s on this machine, same Q4_K_M files, 2 threads (measured separately).
-LLAMA_CPP_TPS = {DEFAULT_TARGET: 34.0, DEFAULT_DRAFT: 48.0}
+#: Where ../shared/tools/build-llamacpp.sh puts llama.cpp's binaries by default.
+LLAMA_CPP_BIN = Path.home() / ".cache/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
 WIDTHS = (1, 2, 4, 5, 8, 16)
 
 
@@ -208,8 +211,25 @@ def run_role(role: str, args: argparse.Namespace, bandwidth: float, prompts_text
                 result["agreement"]["transformers bf16"] = [
                     agreement(outs["bf16"][i], hf["outs"][i]) for i in range(len(prompts))
                 ]
-    result["rows"]["llama.cpp Q4_K_M"] = {"decode_tps": LLAMA_CPP_TPS.get(name)}
+    bench = Path(args.llama_cpp) / "llama-bench"
+    if bench.is_file():
+        wait_until_quiet(args.max_wait)
+        result["rows"]["llama.cpp Q4_K_M"] = {"decode_tps": llamacpp_tg(bench, model_dir(name) / GGUF_FILE, args)}
     return result
+
+
+def llamacpp_tg(bench: Path, gguf: Path, args: argparse.Namespace) -> float | None:
+    """llama-bench's text-generation rate (tokens/s, mean of its repetitions) on ``gguf``, measured
+    now with the same thread count; None when it fails."""
+    cmd = [str(bench), "-m", str(gguf), "-p", "0", "-n", str(args.tokens), "-t", str(args.threads), "-r", "3",
+           "-o", "json"]  # fmt: skip
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout
+        rows = json.loads(out)
+        return float(next(r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0))
+    except (OSError, subprocess.SubprocessError, ValueError, StopIteration, KeyError) as exc:
+        print(f"# llama-bench failed: {exc}")
+        return None
 
 
 def print_role(res: dict[str, Any]) -> None:
@@ -251,6 +271,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--max-wait", type=float, default=10.0, help="seconds to wait for the machine to go quiet")
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers")
+    ap.add_argument("--llama-cpp", default=str(LLAMA_CPP_BIN), help="folder of llama.cpp's binaries (llama-bench)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     args.precisions = args.precisions.split(",")
@@ -265,7 +286,7 @@ def main() -> None:
     for role in args.roles.split(","):
         results["roles"][role] = run_role(role, args, bw["best"], prompts)
         print_role(results["roles"][role])
-    print(f"\n# loadavg at the end {os.getloadavg()[0]:.2f}; llama.cpp figures: {LLAMA_CPP_TPS} (measured separately)")
+    print(f"\n# loadavg at the end {os.getloadavg()[0]:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from typing import Any
 
@@ -89,11 +90,13 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     stats = final.stats
     drafted_steps = [r for r in records if r.num_passes > 0]
     plain_steps = [r for r in records if r.num_passes == 0]
-    c = None
-    if drafted_steps:
-        draft_pass = sum(r.draft_seconds / r.num_passes for r in drafted_steps) / len(drafted_steps)
-        verify = sum(r.verify_seconds for r in drafted_steps) / len(drafted_steps)
-        c = draft_pass / verify if verify > 0 else None
+    # c from the steps whose draft time is a sample of drafting (not a first pass that fed a prompt
+    # or caught up on tokens committed while speculation was off), medians: the printed draft and
+    # verify times are these, and c is their ratio.
+    clean = [r for r in drafted_steps if r.draft_sample is not None]
+    draft_pass = statistics.median(r.draft_seconds / r.num_passes for r in clean) if clean else None
+    verify = statistics.median(r.verify_seconds for r in clean) if clean else None
+    c = draft_pass / verify if draft_pass is not None and verify else None
     mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
     alpha = alpha_from_positions(stats.acceptance_per_position)
     predicted = speedup(alpha, round(mean_k), c) if c is not None and alpha is not None and round(mean_k) > 0 else None
@@ -109,6 +112,9 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
         "spec": stats.as_dict() | {"acceptance_per_position": stats.acceptance_per_position},
         "timings": final.timings,
         "measured_c": c,
+        "draft_pass_s": draft_pass,
+        "verify_s": verify,
+        "c_steps": len(clean),
         "alpha_estimate": alpha,
         "mean_draft_length": mean_k,
         "predicted_speedup": predicted,
@@ -124,9 +130,6 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
     def ms(seconds: float | None) -> str:
         return "-" if seconds is None else f"{1e3 * seconds:.1f} ms"
 
-    def ms_value(milliseconds: float | None) -> str:
-        return "-" if milliseconds is None else f"{milliseconds:.1f} ms"
-
     table = Table(title="speculation", show_header=False, box=None)
     table.add_row("pair", f"{summary['target']} <- {summary['draft'] or summary['drafter'] or 'plain decoding'}")
     table.add_row("tokens", f"{len(summary['token_ids'])} ({summary['finish_reason']})")
@@ -138,11 +141,12 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
     per_pos = ", ".join(f"{x:.2f}" for x in spec["acceptance_per_position"])
     table.add_row("acceptance per position", per_pos or "-")
     table.add_row(
-        "draft / verify per step",
-        f"{ms_value(t.get('draft_ms_per_step'))} / {ms_value(t.get('verify_ms_per_step'))}",
+        "draft pass / verify",
+        f"{ms(summary['draft_pass_s'])} / {ms(summary['verify_s'])} (medians over {summary['c_steps']} speculative "
+        "steps, prompt catch-up excluded)",
     )
     c = summary["measured_c"]
-    table.add_row("measured c", "-" if c is None else f"{c:.3f}")
+    table.add_row("measured c", "-" if c is None else f"{c:.3f} (draft pass / verify)")
     pred = summary["predicted_speedup"]
     table.add_row(
         "model speedup S(a,K,c)",
