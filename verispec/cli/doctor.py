@@ -1,0 +1,127 @@
+"""``verispec doctor``: what this machine offers verispec, and the flags that fit it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+#: Instruction sets worth naming: what the kernels need, and what a CPU without them has instead.
+FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+            "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimddp")  # fmt: skip
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="show the CPU, whether verispec's kernels run on it, the memory bandwidth and the flags that fit",
+        description="Report this machine as verispec sees it: CPU model and instruction sets, whether "
+        "verispec's C++ kernels run here (and build them if they were not built yet), torch's threads, the "
+        "measured memory read bandwidth, the CUDA devices, and the precision flags that fit.",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement (about a second)")
+    p.set_defaults(run=run)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def read_bandwidth(reps: int = 5) -> float:
+    """GB/s of streaming a 512 MiB buffer with torch's threads (best of ``reps``)."""
+    import torch
+
+    buf = torch.ones(1 << 27, dtype=torch.float32)
+    buf.sum()
+    best = min(_timed(buf.sum) for _ in range(reps))
+    return buf.nbytes / best / 1e9
+
+
+def _timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def diagnose(measure_bandwidth: bool = True) -> dict[str, Any]:
+    """Everything the command reports, as plain data (builds the kernels when the CPU can run them)."""
+    import torch
+
+    from verispec.errors import ConfigError
+    from verispec.kernels import build
+
+    flags = build.cpu_flags()
+    missing = build.missing_cpu_features()
+    kernels: dict[str, Any] = {"supported": not missing, "missing": missing}
+    if not missing:
+        start = time.perf_counter()
+        try:
+            build.load()
+            kernels |= {"status": "ready", "seconds": round(time.perf_counter() - start, 2), "key": build.build_key()}
+        except ConfigError as exc:
+            kernels |= {"status": "failed", "error": str(exc)}
+    else:
+        kernels["status"] = "not for this CPU"
+    usable = kernels["status"] == "ready"
+    if usable:
+        flags_hint = "--dtype bf16 --draft-dtype int8 --draft-vocab 32768"
+        why = "bf16 target and int8 draft on the AMX kernels (batch-invariant: greedy spec == plain)"
+    else:
+        flags_hint = "--dtype bf16 --draft-dtype bf16"
+        why = "torch's kernels (verispec's need AVX-512 BF16 / VNNI and AMX); int8 / int4 do not run here"
+    report: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "machine": platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "features": sorted(f for f in FEATURES if f in flags),
+        "kernels": kernels,
+        "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "read_bandwidth_gbps": round(read_bandwidth(), 1) if measure_bandwidth else None,
+        "recommended": {"flags": flags_hint, "why": why},
+        "loadavg": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    err = Console(stderr=True)
+    with err.status("looking at this machine (the kernels build once, about a minute)", spinner="dots"):
+        report = diagnose(measure_bandwidth=not args.no_bandwidth)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    k = report["kernels"]
+    status = k["status"] + (f" ({k['seconds']} s)" if "seconds" in k else "")
+    if k.get("missing"):
+        status += f": the CPU lacks {', '.join(k['missing'])}"
+    if k.get("error"):
+        status += f": {k['error']}"
+    table = Table(title="verispec doctor", show_header=False, box=None)
+    table.add_row("cpu", f"{report['cpu']} ({report['machine']}, {report['cores']} cores)")
+    table.add_row("instructions", ", ".join(report["features"]) or "-")
+    table.add_row("verispec kernels", status)
+    table.add_row("torch", f"{report['torch']}, {report['torch_threads']} threads")
+    bw = report["read_bandwidth_gbps"]
+    table.add_row(
+        "read bandwidth", "-" if bw is None else f"{bw:.1f} GB/s (512 MiB, best of 5; load {report['loadavg']})"
+    )
+    table.add_row("cuda", ", ".join(report["cuda"]) or "none")
+    table.add_row("recommended", f"{report['recommended']['flags']}  ({report['recommended']['why']})")
+    Console().print(table)
+    return 0
