@@ -10,6 +10,8 @@ a 5xx, and its body never carries a traceback. Status codes:
 - 401 ``authentication_error`` (code ``invalid_api_key``): missing or wrong ``Authorization: Bearer``;
 - 404 (code ``model_not_found``, or ``not_found`` for an unknown path); 405 for a wrong method;
 - 413 (code ``request_too_large``): a request body over the server's byte limit;
+- 415 (code ``unsupported_media_type``): a JSON endpoint's body not sent as ``application/json``;
+- 400 (code ``invalid_host``): a ``Host`` header the server does not answer to (DNS rebinding);
 - 429 ``rate_limit_error`` (code ``queue_full``), with ``Retry-After``: the bounded queue is full;
 - 503 ``service_unavailable`` (code ``shutting_down``), with ``Retry-After``: the server is draining;
 - 500 ``server_error``: a bug or an engine failure; the message is the engine's, never a traceback.
@@ -37,6 +39,7 @@ ERROR_TYPES = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",
