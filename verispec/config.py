@@ -168,25 +168,19 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class SpecConfig:
-    """Speculation settings: draft length and acceptance rule.
+    """The acceptance rule and its settings (the draft length is :class:`EngineConfig`'s).
 
     ``rule="typical"`` (Medusa typical acceptance, Cai et al. 2024) does NOT preserve the target
     distribution; it must be enabled with ``allow_lossy=True`` and every result made with it is
     labelled lossy.
     """
 
-    num_draft_tokens: int = 4
     rule: str = "rejection"
     allow_lossy: bool = False
     typical_epsilon: float = 0.09
     typical_delta: float = 0.3
 
     def __post_init__(self) -> None:
-        k = _integer("num_draft_tokens", self.num_draft_tokens)
-        if k < 1:
-            raise ConfigError(
-                f"num_draft_tokens (K) must be >= 1, got {k}; to turn speculation off, decode without a drafter"
-            )
         if self.rule not in RULES:
             raise ConfigError(f"unknown acceptance rule {self.rule!r}; choose one of {', '.join(RULES)}")
         if self.rule == "typical" and not self.allow_lossy:
@@ -212,8 +206,8 @@ class EngineConfig:
 
     ``num_draft_tokens``: a fixed K (0 = no speculation), or None to let the policy choose K per
     request and per step from measurements (``max_draft_tokens`` bounds it). ``spec``: the
-    acceptance rule and its lossy opt-in (its own ``num_draft_tokens`` is not read: the engine's
-    K is this config's). ``max_len``: tokens per sequence (prompt + output) the KV caches hold.
+    acceptance rule and its lossy opt-in. ``max_len``: tokens per sequence (prompt + output) the
+    KV caches hold.
     """
 
     max_batch: int = 8

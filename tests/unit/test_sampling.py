@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from verispec.config import SamplingParams, SpecConfig
+from verispec.config import EngineConfig, SamplingParams, SpecConfig
 from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.sampling import (
     TokenHistory,
@@ -811,9 +811,6 @@ def test_sampling_params_accepts_boundaries_and_normalises():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_draft_tokens": 0}, "without a drafter"),
-        ({"num_draft_tokens": -2}, ">= 1"),
-        ({"num_draft_tokens": True}, "integer"),
         ({"rule": "medusa"}, "rejection, greedy, typical"),
         ({"rule": "typical"}, "allow_lossy=True"),
         ({"rule": "typical", "allow_lossy": True, "typical_epsilon": 0.0}, r"\(0, 1\]"),
@@ -826,7 +823,18 @@ def test_spec_config_validation(kwargs, message):
         SpecConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"num_draft_tokens": -2}, ">= 0"), ({"num_draft_tokens": True}, "integer"), ({"spec": "typical"}, "SpecConfig")],
+)
+def test_engine_config_holds_the_draft_length_and_one_spec_config(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(**kwargs)
+    assert EngineConfig(num_draft_tokens=0).num_draft_tokens == 0  # no speculation
+    assert EngineConfig(num_draft_tokens=12).max_draft_tokens == 12
+
+
 def test_spec_config_valid():
     assert SpecConfig().lossless
-    assert SpecConfig(rule="greedy", num_draft_tokens=1).lossless
+    assert SpecConfig(rule="greedy").lossless
     assert not SpecConfig(rule="typical", allow_lossy=True).lossless
