@@ -21,6 +21,7 @@ from verispec.errors import ConfigError
 from verispec.formats.loader import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
+    DTYPES,
     DTypeName,
     LoadedModel,
     ProgressFn,
@@ -28,7 +29,9 @@ from verispec.formats.loader import (
     check_precision,
     default_draft_dtype,
     load_model,
+    peek_config,
 )
+from verispec.models.kv_cache import check_cache_fits
 from verispec.names import DRAFTERS, MODEL_DRAFTERS, PRECISIONS
 
 
@@ -87,6 +90,13 @@ def build(
     config = EngineConfig(
         max_batch=max_batch, max_len=max_len, num_draft_tokens=k, spec=SpecConfig(rule=rule, allow_lossy=allow_lossy)
     )
+    # KV caches larger than the machine are refused before any weight is read (where the configs
+    # can be read cheaply); the caches' own check catches the rest.
+    sizes = [(target, dtype)] + ([(draft, draft_dtype or dtype)] if drafter in MODEL_DRAFTERS and draft else [])
+    for spec, precision in sizes:
+        model_config = peek_config(spec)
+        if model_config is not None:
+            check_cache_fits(model_config, max_batch, max_len + config.max_draft_tokens + 1, DTYPES[precision], device)
     target_model = load_model(target, dtype=dtype, device=device, progress=progress)
     draft_model = None
     vocab = target_model.vocab_size

@@ -154,3 +154,25 @@ def test_the_draft_precision_defaults_to_int8_where_the_kernels_run(monkeypatch:
     assert loader.default_draft_dtype("bf16", "cuda") == "bf16"
     monkeypatch.setattr(loader, "bf16_kernel_usable", lambda: False)
     assert loader.default_draft_dtype("bf16", "cpu") == "bf16"
+
+
+def test_a_kv_cache_larger_than_the_machine_is_refused_before_weights_load(tmp_path: Path) -> None:
+    import json as _json
+
+    from verispec.formats.loader import peek_config
+    from verispec.models.kv_cache import check_cache_fits
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    config = {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+    }  # fmt: skip
+    (folder / "config.json").write_text(_json.dumps(config))  # no weights at all: nothing is loaded
+    seen = peek_config(folder)
+    assert seen is not None and seen.num_layers == 2
+    check_cache_fits(seen, 8, 4096, torch.bfloat16, "cpu")  # 2 layers: a few MB
+    with pytest.raises(ConfigError, match="more than this machine's"):
+        check_cache_fits(seen, 4096, 1 << 24, torch.float32, "cpu")  # 2 TB
+    assert peek_config(tmp_path / "nothing") is None

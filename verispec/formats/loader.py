@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from verispec.errors import ConfigError, ModelLoadError
+from verispec.errors import ConfigError, ModelLoadError, VerispecError
 from verispec.formats.files import ProgressFn, read_json
 from verispec.formats.registry import (
     CONFIG_FILE,
@@ -248,6 +248,24 @@ def _load_hf(path: Path, precision: str, device: str, kernels: bool) -> _Loaded:
     model = Transformer(config, state, dtype=dtype, device=device, cpu_kernels=kernels)
     tokenizer = Tokenizer.from_hf_folder(path)
     return config, model, tokenizer, path, tokenizer.vocab_size
+
+
+def peek_config(spec: str | os.PathLike[str], home: Path | None = None) -> ModelConfig | None:
+    """The ModelConfig of ``spec`` when it can be read without touching weights (a prepared model's
+    or a Hugging Face folder's JSON), else None; a check before loading, not a loader."""
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    folder = model_dir(text, home) if text in MODELS else path
+    try:
+        if (folder / MARKER_FILE).is_file():
+            return ModelConfig.from_dict(read_json(folder / CONFIG_FILE)["model_config"])
+        if (folder / "config.json").is_file():
+            from verispec.formats.hf import read_hf_config
+
+            return read_hf_config(folder)
+    except (VerispecError, KeyError, TypeError, ValueError):
+        return None  # the loader says what is wrong with it
+    return None
 
 
 def load_model(

@@ -66,6 +66,19 @@ def _machine_memory() -> int | None:
         return None
 
 
+def check_cache_fits(config: ModelConfig, max_batch: int, max_len: int, dtype: torch.dtype, device: str) -> None:
+    """:class:`ConfigError` when a KV cache of ``max_batch`` x ``max_len`` tokens for ``config``
+    would need more than the machine's memory (CPU); callers check it before loading weights."""
+    shape = (config.num_layers, max_batch, config.num_kv_heads, max_len + 1, config.head_dim)
+    need = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    have = _machine_memory() if torch.device(device).type == "cpu" else None
+    if have is not None and need > have:
+        raise ConfigError(
+            f"a KV cache for {max_batch} sequences of {max_len} tokens needs {need / 1e9:.1f} GB, more than "
+            f"this machine's {have / 1e9:.1f} GB of memory; lower the batch size or the context length"
+        )
+
+
 class KVCache:
     """Static per-layer key/value buffers plus per-slot lengths (see the module docstring).
 
@@ -93,14 +106,8 @@ class KVCache:
         self.head_dim = config.head_dim
         self.dtype = dtype
         self.device = torch.device(device)
+        check_cache_fits(config, max_batch, max_len, dtype, str(self.device))
         shape = (config.num_layers, max_batch, config.num_kv_heads, max_len + 1, config.head_dim)
-        need = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        have = _machine_memory() if self.device.type == "cpu" else None
-        if have is not None and need > have:
-            raise ConfigError(
-                f"a KV cache for {max_batch} sequences of {max_len} tokens needs {need / 1e9:.1f} GB, more than "
-                f"this machine's {have / 1e9:.1f} GB of memory; lower the batch size or the context length"
-            )
         # Normal (not inference-mode) tensors, even when built inside torch.inference_mode(): they
         # can then be updated in place both inside and outside inference mode.
         with torch.inference_mode(False):
