@@ -32,6 +32,8 @@ from verispec.errors import InputError
 
 #: Defaults of every render: seconds, bytes of address space of the child, characters of output.
 TIMEOUT_SECONDS = 2.0
+#: Seconds a new child may take to start (import Jinja) before the render's own clock starts.
+STARTUP_SECONDS = 60.0
 MEMORY_BYTES = 1 << 30
 MAX_CHARS = 4 << 20
 
@@ -56,6 +58,8 @@ env.filters["tojson"] = tojson
 env.globals["raise_exception"] = raise_exception
 env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
 compiled = {}
+sys.stdout.write("ready\n")
+sys.stdout.flush()
 for line in sys.stdin:
     request = json.loads(line)
     try:
@@ -135,7 +139,19 @@ class TemplateRenderer:
             self._kill()
             proc = self._send(line)
         assert proc.stdout is not None
-        deadline = time.monotonic() + self.timeout
+        out = self._read_line(proc, self.timeout)
+        if out is None:
+            self._kill()
+            raise ChatTemplateError(f"the chat template took longer than {self.timeout:g} s to render and was stopped")
+        value = json.loads(out)
+        assert isinstance(value, dict)
+        return value
+
+    def _read_line(self, proc: subprocess.Popen[bytes], timeout: float) -> bytes | None:
+        """One line from the child, or None when ``timeout`` seconds pass first; raises
+        :class:`ChatTemplateError` when the child dies (a limit of its process was hit)."""
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
         out = bytearray()
         fd = proc.stdout.fileno()
         with selectors.DefaultSelector() as sel:
@@ -143,18 +159,13 @@ class TemplateRenderer:
             while not out.endswith(b"\n"):
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
-                    self._kill()
-                    raise ChatTemplateError(
-                        f"the chat template took longer than {self.timeout:g} s to render and was stopped"
-                    )
+                    return None
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     self._kill()
                     raise ChatTemplateError("the chat template's renderer stopped (a limit of its process was hit)")
                 out += chunk
-        value = json.loads(out)
-        assert isinstance(value, dict)
-        return value
+        return bytes(out)
 
     def _child(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
@@ -163,6 +174,9 @@ class TemplateRenderer:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0"},
             )  # fmt: skip
+            if self._read_line(self._proc, STARTUP_SECONDS) != b"ready\n":  # the render's clock starts after
+                self._kill()
+                raise ChatTemplateError("the chat template renderer did not start (is jinja2 installed?)")
         return self._proc
 
     def _kill(self) -> None:
