@@ -50,7 +50,10 @@ def test_a_forced_shutdown_tells_every_client(grace: float) -> None:
         async with httpx.AsyncClient(timeout=60) as client:
             tasks = [asyncio.ensure_future(stream(client, i)) for i in range(3)]
             tasks += [asyncio.ensure_future(plain(client, 10 + i)) for i in range(3)]  # 2 run, the rest wait
-            await asyncio.sleep(0.5)  # the streams are under way
+            deadline = time.monotonic() + 30
+            while runner.num_live < 6 and time.monotonic() < deadline:  # every request admitted
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # the streams are under way
             server.handle_exit(signal.SIGINT, None)
             server.handle_exit(signal.SIGINT, None)  # the second Ctrl-C
             return await asyncio.gather(*tasks)
