@@ -61,7 +61,7 @@ class FixedPolicy:
         return [max(0, min(self.k, b)) for b in budgets]
 
     def ceilings(self, budgets: Sequence[int]) -> list[int]:
-        return [max(0, min(self.k, b)) for b in budgets]
+        return self.draft_lengths((), budgets)  # a fixed K binds every drafter
 
     def observe(
         self,

@@ -192,7 +192,7 @@ def _load_prepared(
     if precision in QUANTIZED:
         from verispec.formats import packing
 
-        marker = read_marker(folder) or {}
+        marker = read_json(folder / MARKER_FILE)  # checked by the caller (read_marker): no second digest pass
         packed = packing.load_or_pack(
             folder, folder / GGUF_FILE, str(marker.get("sha256", "")), config, precision, progress
         )

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from verispec.config import MAX_STOP_STRINGS, SamplingParams, check_text
+from verispec.config import SamplingParams, check_text
 
 
 class StreamOptions(BaseModel):
@@ -69,11 +69,7 @@ class _Request(BaseModel):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [value]
-        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:  # before pydantic checks each one
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(value)}")
-        return value
+        return [value] if isinstance(value, str) else value  # the limits are SamplingParams' checks
 
     @field_validator("logit_bias")
     @classmethod
