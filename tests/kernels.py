@@ -3,6 +3,8 @@ plain-torch references of the kernels' arithmetic."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -10,25 +12,40 @@ import pytest
 import torch
 
 
-def require_kernels() -> Any:
-    """The compiled kernel module; skips the test (with the reason) on a machine without AVX-512
-    BF16 / AMX, a C++ compiler or ninja. A failing build on a capable machine fails the test.
+def require_kernels(tier: str | None = None) -> Any:
+    """The compiled kernel module of ``tier`` (default: the selected one, ``$VERISPEC_ISA`` or the
+    fastest this CPU runs); skips the test (with the reason) on a machine that cannot execute that
+    tier, or without a C++ compiler or ninja. A failing build on a capable machine fails the test.
 
     Call it before anything points ``$VERISPEC_HOME`` elsewhere (e.g. from a module-scoped
     fixture): the build is cached under the home of the first load, and one build per test
     session is enough."""
     from torch.utils.cpp_extension import is_ninja_available
 
-    from verispec.kernels import build
+    from verispec.errors import ConfigError
+    from verispec.kernels import build, dispatch
 
-    missing = build.missing_cpu_features()
+    try:
+        chosen = dispatch.by_name(tier) if tier else dispatch.selected()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    missing = dispatch.missing(chosen)
     if missing:
-        pytest.skip(f"the int4/int8 kernels need AVX-512 BF16 and AMX; this CPU lacks {', '.join(missing)}")
+        pytest.skip(f"the {chosen.name} kernels cannot run on this CPU: it lacks {', '.join(missing)}")
     if build.compiler() is None:
-        pytest.skip("no C++ compiler to build the int4/int8 kernels (install g++ >= 11)")
+        pytest.skip("no C++ compiler to build the kernels (install g++ >= 11)")
     if not is_ninja_available():
-        pytest.skip("ninja is not installed (pip install ninja): the int4/int8 kernels cannot be built")
-    return build.load()
+        pytest.skip("ninja is not installed (pip install ninja): the kernels cannot be built")
+    return build.load(tier=chosen.name)
+
+
+@contextmanager
+def on_tier(tier: str) -> Iterator[Any]:
+    """``$VERISPEC_ISA`` set to ``tier`` for the block (the kernel module of that tier yielded;
+    skips where this CPU cannot run it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VERISPEC_ISA", tier)
+        yield require_kernels(tier)
 
 
 def q4k_blocks(n: int, k: int, seed: int = 0, d: float = 2.0**-10) -> np.ndarray:

@@ -7,19 +7,20 @@ import json
 import pytest
 
 from verispec.cli import main
-from verispec.kernels import build
+from verispec.kernels import dispatch
 
 
 def test_doctor_reports_the_cpu_the_kernels_and_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json", "--no-bandwidth"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["cpu"] and report["cores"] >= 1 and report["read_bandwidth_gbps"] is None
-    assert report["kernels"]["supported"] == build.cpu_supported()
-    assert report["kernels"]["status"] in ("ready", "failed", "not for this CPU")
+    kernels = report["kernels"]
+    assert kernels["tiers"] == [t.name for t in dispatch.runnable()] and kernels["tiers"][-1] == "portable"
+    assert kernels["tier"] == dispatch.selected().name and kernels["status"] in ("ready", "failed")
     if report["kernels"]["status"] == "ready":
         assert "--draft-dtype int8" in report["recommended"]["flags"]
     else:
         assert "int8" not in report["recommended"]["flags"]
     assert main(["doctor"]) == 0  # the table, bandwidth measured
     out = capsys.readouterr().out
-    assert "verispec kernels" in out and "GB/s" in out and "recommended" in out
+    assert "verispec kernels" in out and "tier" in out and "GB/s" in out and "recommended" in out

@@ -1,17 +1,21 @@
-"""The int4 (GGUF Q4_K, exact) and int8 (per channel, W8A8) kernels: lossless packing; Q4_K
-results equal to ``x_bf16 @ W_exact`` up to fp32 rounding and int8 results equal to the plain-torch
-W8A8 reference bit for bit, for any number of rows; batch invariance; and the errors a machine
-without the instructions gets."""
+"""The int4 (GGUF Q4_K, exact), int8 (per channel, W8A8) and bf16 kernels and the layer operations,
+on every instruction-set tier this CPU can execute (each test runs once per tier; a tier the CPU
+cannot run is skipped with the reason): lossless packing; Q4_K and int8 results equal to their
+plain-torch references bit for bit, for any number of rows; bf16 equal to its tier's summation
+order bit for bit; batch invariance; and the errors a machine without the instructions gets."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 
-from tests.kernels import q4k_blocks, q4k_reference, require_kernels, w8a8_quantize_reference, w8a8_reference
+from tests.kernels import on_tier, q4k_blocks, q4k_reference, require_kernels, w8a8_quantize_reference, w8a8_reference
 from verispec.errors import ConfigError
 from verispec.formats.dequant import dequantize
+from verispec.kernels.dispatch import TIER_NAMES
 
 gq = pytest.importorskip("gguf.quants")
 
@@ -20,9 +24,10 @@ ROWS = (1, 3, 7, 16, 21, 40)  # 21 and 40: more than one 16-row chunk, the last 
 W8A8_ROWS = (1, 2, 3, 4, 5, 6, 7, 9, 16, 17, 21, 40)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernels() -> object:
-    return require_kernels()
+@pytest.fixture(scope="module", autouse=True, params=TIER_NAMES)
+def kernels(request: pytest.FixtureRequest) -> Iterator[object]:
+    with on_tier(request.param) as module:
+        yield module
 
 
 def exact_weights(blocks: np.ndarray, n: int, k: int) -> torch.Tensor:  # [n, k] fp32, gguf-py's reference
@@ -88,7 +93,8 @@ def test_q4k_error_is_the_activation_rounding(m: int) -> None:
 
 @pytest.mark.parametrize("kind", ["q4k", "int8"])
 def test_engines_agree_bit_for_bit(kind: str) -> None:
-    """VNNI and AMX (chosen by the number of rows) give identical results at every M."""
+    """The vector kernels and (on the amx tier) AMX tiles, chosen by the number of rows, give
+    identical results at every M; a tier without tiles refuses to be forced onto them."""
     from verispec.kernels import Int8Linear, Q4KLinear
 
     kernels = require_kernels()
@@ -108,8 +114,13 @@ def test_engines_agree_bit_for_bit(kind: str) -> None:
 
         for m in (1, 3, 4, 8, 9, 16, 19, 40):
             x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
-            auto, vnni, amx = (run(x, engine) for engine in (0, 1, 2))
-            assert torch.equal(auto, vnni) and torch.equal(auto, amx), (n, k, m)
+            auto, vectors = run(x, 0), run(x, 1)
+            assert torch.equal(auto, vectors), (n, k, m)
+            if kernels.tier() == "amx":
+                assert torch.equal(auto, run(x, 2)), (n, k, m)
+            else:
+                with pytest.raises(RuntimeError, match="AMX is not available"):
+                    run(x, 2)
 
 
 @pytest.mark.parametrize(("n", "k"), [(40, 96), (16, 256), (3, 32)])
@@ -242,15 +253,22 @@ def test_shapes_are_checked() -> None:
 
 def test_a_cpu_without_the_instructions_gets_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from verispec.formats.loader import check_precision
-    from verispec.kernels import build
+    from verispec.kernels import build, dispatch
 
-    monkeypatch.setattr(build._STATE, "module", None)
-    monkeypatch.setattr(build, "missing_cpu_features", lambda: ["amx_tile", "amx_bf16"])
+    monkeypatch.setattr(build._STATE, "modules", {})
+    monkeypatch.setattr(dispatch, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))  # a Zen 3
+    monkeypatch.setenv("VERISPEC_ISA", "amx")
     for call in (build.load, lambda: check_precision("int4", "cpu")):
-        with pytest.raises(ConfigError, match=r"lacks amx_tile, amx_bf16: use --dtype bf16"):
+        with pytest.raises(ConfigError, match=r"VERISPEC_ISA=amx needs .* lacks avx512f.*choose one of avx2, portable"):
             call()
+    monkeypatch.setenv("VERISPEC_ISA", "sse9")
+    with pytest.raises(ConfigError, match="VERISPEC_ISA must be one of amx, avx512, avx2, portable"):
+        build.load()
+    monkeypatch.delenv("VERISPEC_ISA")
+    assert dispatch.selected().name == "avx2" and [t.name for t in dispatch.runnable()] == ["avx2", "portable"]
+    with pytest.raises(ConfigError, match="the amx kernels need a CPU with"):
+        build.load(tier="amx")
     check_precision("bf16", "cpu")  # the dense precisions need nothing
-    monkeypatch.setattr(build, "missing_cpu_features", lambda: [])
     monkeypatch.setattr(build, "compiler", lambda: None)
     with pytest.raises(ConfigError, match=r"no C\+\+ compiler was found.*--dtype bf16"):
         build.load()
@@ -284,10 +302,11 @@ def test_bf16_packing_is_lossless(n: int, k: int) -> None:
 
 @pytest.mark.parametrize("m", (1, 2, 5, 9, 16, 17, 40))
 @pytest.mark.parametrize("bias", [True, False])
-def test_bf16_is_the_amx_arithmetic(m: int, bias: bool) -> None:
-    """Bit for bit the plain-torch reference of TDPBF16PS's summation order (per 32 inputs, even
-    and odd products summed apart, then added), with activations whose outliers make the order
-    matter, and a last 16-row block that is partial."""
+def test_bf16_is_the_tier_arithmetic(m: int, bias: bool) -> None:
+    """Bit for bit the plain-torch reference of the tier's summation order (amx: TDPBF16PS's, per
+    32 inputs, even and odd products summed apart, then added; the others: one sum per output in
+    input order), with activations whose outliers make the order matter, and a last 16-row block
+    that is partial."""
     from verispec.kernels import Bf16Linear, reference_bf16_linear
 
     n, k = 50, 160

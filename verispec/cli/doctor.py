@@ -59,27 +59,26 @@ def diagnose(measure_bandwidth: bool = True) -> dict[str, Any]:
     import torch
 
     from verispec.errors import ConfigError
-    from verispec.kernels import build
+    from verispec.kernels import build, dispatch
 
-    flags = build.cpu_flags()
-    missing = build.missing_cpu_features()
-    kernels: dict[str, Any] = {"supported": not missing, "missing": missing}
-    if not missing:
+    flags = dispatch.cpu_flags()
+    runnable = [t.name for t in dispatch.runnable()]
+    kernels: dict[str, Any] = {"tiers": runnable, "best": runnable[0]}
+    try:
+        tier = dispatch.selected()
+        kernels["tier"] = tier.name
         start = time.perf_counter()
-        try:
-            build.load()
-            kernels |= {"status": "ready", "seconds": round(time.perf_counter() - start, 2), "key": build.build_key()}
-        except ConfigError as exc:
-            kernels |= {"status": "failed", "error": str(exc)}
-    else:
-        kernels["status"] = "not for this CPU"
-    usable = kernels["status"] == "ready"
-    if usable:
+        build.load()
+        kernels |= {"status": "ready", "seconds": round(time.perf_counter() - start, 2), "key": build.build_key()}
+    except ConfigError as exc:
+        kernels |= {"status": "failed", "error": str(exc)}
+    kernels["supported"] = kernels["status"] == "ready"
+    if kernels["supported"]:
         flags_hint = "--dtype bf16 --draft-dtype int8 --draft-vocab 32768"
-        why = "bf16 target and int8 draft on the AMX kernels (batch-invariant: greedy spec == plain)"
+        why = f"bf16 target and int8 draft on the {kernels['tier']} kernels (batch-invariant: greedy spec == plain)"
     else:
         flags_hint = "--dtype bf16 --draft-dtype bf16"
-        why = "torch's kernels (verispec's need AVX-512 BF16 / VNNI and AMX); int8 / int4 do not run here"
+        why = "torch's kernels (verispec's did not build here); int8 / int4 do not run"
     report: dict[str, Any] = {
         "cpu": cpu_model(),
         "machine": platform.machine(),
@@ -107,9 +106,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     k = report["kernels"]
-    status = k["status"] + (f" ({k['seconds']} s)" if "seconds" in k else "")
-    if k.get("missing"):
-        status += f": the CPU lacks {', '.join(k['missing'])}"
+    status = f"{k.get('tier', '?')} tier, {k['status']}" + (f" ({k['seconds']} s)" if "seconds" in k else "")
+    status += f"; this CPU runs {', '.join(k['tiers'])}"
     if k.get("error"):
         status += f": {k['error']}"
     table = Table(title="verispec doctor", show_header=False, box=None)

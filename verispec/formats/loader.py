@@ -132,19 +132,24 @@ def check_precision(dtype: str, device: str) -> None:
         load()
 
 
-#: Set to "0" to keep bf16 CPU projections on torch's matmul instead of the AMX kernel.
+#: Set to "0" to keep bf16 CPU projections on torch's matmul instead of verispec's kernels.
 BF16_KERNEL_ENV = "VERISPEC_BF16_KERNEL"
 
 
 def bf16_kernel_usable() -> bool:
-    """Whether bf16 CPU projections go through :class:`verispec.kernels.Bf16Linear` here: the CPU
-    has AVX-512 BF16 and AMX, the kernels build, and ``$VERISPEC_BF16_KERNEL`` is not "0".
-    Otherwise bf16 runs on torch's matmul (any CPU), with a warning when the kernels failed."""
+    """Whether bf16 CPU projections go through :class:`verispec.kernels.Bf16Linear` here: the
+    kernels build for this CPU's tier (:mod:`verispec.kernels.dispatch`), that tier is a vector one
+    (amx, avx512, avx2) or was asked for with ``$VERISPEC_ISA``, and ``$VERISPEC_BF16_KERNEL`` is
+    not "0". Otherwise bf16 runs on torch's matmul (any CPU), with a warning when the kernels failed."""
     from verispec import kernels
+    from verispec.kernels import dispatch
 
-    if os.environ.get(BF16_KERNEL_ENV, "1") == "0" or not kernels.cpu_supported():
+    if os.environ.get(BF16_KERNEL_ENV, "1") == "0":
         return False
     try:
+        tier = dispatch.selected()
+        if tier.name == "portable" and not os.environ.get(dispatch.ISA_ENV):
+            return False  # plain C++ is exact but slower than torch's vectorised matmul
         kernels.load()
     except ConfigError as exc:
         logger.warning("bf16 runs on torch's matmul: %s", exc)

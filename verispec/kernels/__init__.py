@@ -1,21 +1,26 @@
-"""CPU kernels for linear layers: GGUF Q4_K weights used exactly, per-channel int8, and bf16.
+"""CPU kernels for a decoder layer: GGUF Q4_K weights used exactly, per-channel int8, and bf16,
+plus attention, RMSNorm, RoPE and SwiGLU, in four instruction-set tiers picked at load time.
 
-Activations are quantised to int8 in blocks of 64 inputs (like llama.cpp's Q8 activations), the
-products are summed exactly in int32 (AVX512-VNNI, or AMX for many rows) and scaled in fp32, and a
-pass over 1 to 16 tokens costs about what one token costs (the weights are read once per call),
-which keeps speculative verification cheap; row ``i`` of a call does not depend on the other
-rows, bit for bit. The C++ sources (``csrc/``) compile on first use and are cached under
-``$VERISPEC_HOME/kernels`` (:mod:`verispec.kernels.build`); they need an x86-64 CPU with AVX-512
-BF16 / VNNI and AMX (:func:`cpu_supported`), a C++ compiler (g++ >= 11) and ninja, and raise
+Activations of the int8 and Q4_K projections are quantised to int8 in blocks of 64 inputs (like
+llama.cpp's Q8 activations), the products are summed exactly in int32 and scaled in fp32, and a
+pass over 1 to 16 tokens reads the weights once, which keeps speculative verification cheap; row
+``i`` of a call does not depend on the other rows, bit for bit. The tiers
+(:mod:`verispec.kernels.dispatch`): ``amx`` (Intel Xeon 4th gen+: AMX tiles for many rows and for
+bf16), ``avx512`` (AVX-512 VNNI: AMD Zen 4/5, Intel Ice Lake+), ``avx2`` (AVX2 + FMA: every x86-64
+CPU of the last ten years) and ``portable`` (plain C++: any CPU, ARM included); the fastest this
+CPU executes is used, ``$VERISPEC_ISA`` forces a lower one. int8 and int4 results are the same on
+every tier; bf16 is the same on all but amx (which adds in AMX's order). The C++ sources
+(``csrc/``) compile on first use, one module per tier, cached under ``$VERISPEC_HOME/kernels``
+(:mod:`verispec.kernels.build`); they need a C++ compiler (g++ >= 11) and ninja, and raise
 :class:`~verispec.errors.ConfigError` with the remedy otherwise.
 
-:class:`Bf16Linear` is the bf16 precision's projection on those CPUs: bf16 weights times bf16
-activations on AMX with fp32 sums, read at close to memory bandwidth, flat from 1 to 16 rows and
-batch-invariant like the others. The rest of a decoder layer has kernels too (``attention_rows``:
-attention one query row at a time; ``rms_norm`` with the residual add, ``rotary``, ``silu_mul``),
-each computing a row from that row alone in a fixed order; with them
-:class:`~verispec.models.transformer.Transformer` built with ``cpu_kernels=True`` makes a whole forward pass
-batch-invariant (the loader applies it to bf16, int8 and int4 models on such CPUs).
+:class:`Bf16Linear` is the bf16 precision's projection: bf16 weights times bf16 activations with
+fp32 sums, read at close to memory bandwidth and batch-invariant like the others. The rest of a
+decoder layer has kernels too (``attention_rows``: attention one query row at a time;
+``rms_norm`` with the residual add, ``rotary``, ``silu_mul``), each computing a row from that row
+alone in a fixed order; with them :class:`~verispec.models.transformer.Transformer` built with
+``cpu_kernels=True`` makes a whole forward pass batch-invariant (the loader applies it to bf16,
+int8 and int4 models).
 
     from verispec.kernels import Q4KLinear, Int8Linear, Bf16Linear
     q4 = Q4KLinear.from_blocks(blocks, n, k, bias)   # GGUF Q4_K bytes [n, k/256*144] uint8
@@ -25,6 +30,7 @@ batch-invariant (the loader applies it to bf16, int8 and int4 models on such CPU
 """
 
 from verispec.kernels.build import cpu_supported, load, missing_cpu_features
+from verispec.kernels.dispatch import ISA_ENV, TIER_NAMES, runnable, selected
 from verispec.kernels.linear import (
     Bf16Linear,
     Int8Linear,
@@ -35,6 +41,8 @@ from verispec.kernels.linear import (
 )
 
 __all__ = [
+    "ISA_ENV",
+    "TIER_NAMES",
     "Bf16Linear",
     "Int8Linear",
     "Q4KLinear",
@@ -44,4 +52,6 @@ __all__ = [
     "q4k_packed_numel",
     "quantize_int8",
     "reference_bf16_linear",
+    "runnable",
+    "selected",
 ]

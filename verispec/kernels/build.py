@@ -1,16 +1,17 @@
 """Compile the C++ kernels on first use and cache them: :func:`load` returns the extension module.
 
-The sources (``csrc/*.cpp``, ``csrc/common.h``) are built with ``torch.utils.cpp_extension.load``
-(g++ with OpenMP and the AVX-512 / AMX instruction flags, driven by ninja) into
-``$VERISPEC_HOME/kernels/<key>/`` (default ``~/.cache/verispec/kernels``), where ``key`` hashes
-the sources, the flags and the torch and Python versions: a first build takes about a minute
-(logged as it starts), later processes import the cached library in well under a second. A file
-lock (``kernels/.lock``, released by the OS if a process dies) serialises concurrent builds.
+One module per instruction-set tier (:mod:`verispec.kernels.dispatch`: amx, avx512, avx2,
+portable), built from ``csrc/`` with that tier's flags by ``torch.utils.cpp_extension.load`` (g++
+with OpenMP, driven by ninja) into ``$VERISPEC_HOME/kernels/<key>/`` (default
+``~/.cache/verispec/kernels``), where ``key`` hashes the tier, its sources, the flags and the
+torch and Python versions: a first build takes about a minute (logged as it starts), later
+processes import the cached library in well under a second. A file lock (``kernels/.lock``,
+released by the OS if a process dies) serialises concurrent builds.
 
-The kernels need an x86-64 Linux CPU with AVX-512 (F, BW, VL, DQ, BF16, VNNI) and AMX (TILE,
-BF16, INT8): Intel Xeon 4th generation ("Sapphire Rapids") or newer. :func:`cpu_supported` says
-whether this one qualifies; :func:`load` raises :class:`~verispec.errors.ConfigError` naming what
-is missing (CPU features, compiler, ninja) and what to do instead.
+:func:`load` builds the tier :func:`~verispec.kernels.dispatch.selected` picks (the fastest this
+CPU executes, or ``$VERISPEC_ISA``'s) unless told another; it raises
+:class:`~verispec.errors.ConfigError` naming what is missing (CPU features, compiler, ninja) and
+what to do instead.
 """
 
 from __future__ import annotations
@@ -29,75 +30,36 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
+from verispec.kernels.dispatch import TIERS, Tier, by_name, missing, selected
 
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
-SOURCES = ("common.h", "q4k.cpp", "w8a8.cpp", "bf16.cpp", "attention.cpp", "layer_ops.cpp", "bindings.cpp")
-COMPILE_FLAGS = (
+COMMON_FLAGS = (
     "-O3",
     "-ffp-contract=off",  # a * b + c stays two roundings unless a kernel asks for an FMA
     "-fopenmp",  # at::parallel_for is an OpenMP region compiled into the extension
-    "-mavx512f",
-    "-mavx512bw",
-    "-mavx512vl",
-    "-mavx512dq",
-    "-mavx512bf16",
-    "-mavx512vnni",
-    "-mf16c",
-    "-mfma",
-    "-mamx-tile",
-    "-mamx-bf16",
-    "-mamx-int8",
 )
-#: /proc/cpuinfo flags the kernels execute.
-REQUIRED_CPU_FLAGS = (
-    "avx512f",
-    "avx512bw",
-    "avx512vl",
-    "avx512dq",
-    "avx512_bf16",
-    "avx512_vnni",
-    "f16c",
-    "fma",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-)
-_FALLBACK = "use --dtype bf16 (or fp32), which runs on any CPU"
+_FALLBACK = "use --dtype bf16 (or fp32), which runs on torch's kernels"
 
 
 class _State:
-    module: Any = None
-    seconds: float | None = None
+    def __init__(self) -> None:
+        self.modules: dict[str, Any] = {}  # by tier name
+        self.seconds: dict[str, float] = {}
 
 
 _STATE = _State()
 
 
-def cpu_flags() -> frozenset[str]:
-    """The feature flags of this CPU as Linux reports them (empty elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+def missing_cpu_features(tier: Tier | None = None) -> list[str]:
+    """What this machine lacks to run ``tier`` (default: the fastest tier, amx) — [] when it has it all."""
+    return missing(tier or TIERS[0])
 
 
-def missing_cpu_features() -> list[str]:
-    """What this machine lacks to run the kernels ([] when it has everything)."""
-    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return [f"x86-64 Linux (this is {sys.platform} on {platform.machine()})"]
-    flags = cpu_flags()
-    return [f for f in REQUIRED_CPU_FLAGS if f not in flags]
-
-
-def cpu_supported() -> bool:
-    """True when this CPU has every instruction the kernels use (AVX-512 BF16 / VNNI and AMX)."""
-    return not missing_cpu_features()
+def cpu_supported(tier: Tier | None = None) -> bool:
+    """True when this CPU executes ``tier`` (default: the amx tier)."""
+    return not missing_cpu_features(tier)
 
 
 def compiler() -> str | None:
@@ -113,23 +75,29 @@ def cache_dir(home: Path | None = None) -> Path:
     return home / "kernels"
 
 
-def build_key() -> str:
-    """Hash of what the built library depends on: sources, flags, torch and Python versions."""
-    digest = hashlib.sha256()
-    for name in SOURCES:
+def flags_of(tier: Tier) -> tuple[str, ...]:
+    """The compiler flags of ``tier``: the common ones, its instruction sets, its name."""
+    return (*COMMON_FLAGS, *tier.flags, f"-DVS_TIER={tier.name}")
+
+
+def build_key(tier: Tier | None = None) -> str:
+    """Hash of what ``tier``'s library depends on: sources, flags, torch and Python versions."""
+    tier = tier or selected()
+    digest = hashlib.sha256(tier.name.encode())
+    for name in (*tier.headers, *tier.sources):
         digest.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes() + b"\0")
-    digest.update(" ".join(COMPILE_FLAGS).encode())
+    digest.update(" ".join(flags_of(tier)).encode())
     digest.update(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}".encode())
     return digest.hexdigest()[:16]
 
 
-def check_buildable() -> None:
-    """Raise :class:`ConfigError` (with the remedy) unless this machine can build and run the kernels."""
-    missing = missing_cpu_features()
-    if missing:
+def check_buildable(tier: Tier) -> None:
+    """Raise :class:`ConfigError` (with the remedy) unless this machine can build and run ``tier``."""
+    lacks = missing(tier)
+    if lacks:
         raise ConfigError(
-            "the int4/int8 kernels need a CPU with AVX-512 BF16 / VNNI and AMX (Intel Xeon 4th gen or newer); "
-            f"this one lacks {', '.join(missing)}: {_FALLBACK}"
+            f"the {tier.name} kernels need a CPU with {', '.join(tier.cpu_flags)}; this one lacks "
+            f"{', '.join(lacks)}: use another tier ($VERISPEC_ISA unset picks one), or {_FALLBACK}"
         )
     if compiler() is None:
         raise ConfigError(
@@ -159,32 +127,37 @@ def _locked(folder: Path) -> Any:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def load(home: Path | None = None) -> Any:
-    """The compiled kernel module (built on first use, then cached; see the module docstring).
+def load(home: Path | None = None, tier: str | None = None) -> Any:
+    """The compiled kernel module of ``tier`` (default :func:`~verispec.kernels.dispatch.selected`),
+    built on first use, then cached (see the module docstring).
 
     Raises :class:`ConfigError` when the CPU, the compiler or ninja is missing, when the build
     fails, or when the operating system refuses this process the AMX state."""
-    if _STATE.module is not None:
-        return _STATE.module
-    check_buildable()
+    chosen = by_name(tier) if tier else selected()
+    module = _STATE.modules.get(chosen.name)
+    if module is not None:
+        return module
+    check_buildable(chosen)
     from torch.utils.cpp_extension import load as load_extension
 
-    key = build_key()
+    key = build_key(chosen)
     root = cache_dir(home)
-    folder = root / key
+    folder = root / f"{chosen.name}-{key}"
     start = time.perf_counter()
     with _locked(root):
         fresh = not any(folder.glob("*.so"))
         if fresh:
             logger.warning(
-                "compiling verispec's int4/int8 CPU kernels into %s (once per install: about a minute)", folder
+                "compiling verispec's CPU kernels (%s tier) into %s (once per install: about a minute)",
+                chosen.name,
+                folder,
             )
         folder.mkdir(parents=True, exist_ok=True)
         try:
             module = load_extension(
-                name=f"verispec_kernels_{key}",
-                sources=[str(SOURCE_DIR / name) for name in SOURCES if name.endswith(".cpp")],
-                extra_cflags=list(COMPILE_FLAGS),
+                name=f"verispec_kernels_{chosen.name}_{key}",
+                sources=[str(SOURCE_DIR / name) for name in chosen.sources],
+                extra_cflags=list(flags_of(chosen)),
                 extra_ldflags=["-fopenmp"],
                 extra_include_paths=[str(SOURCE_DIR)],
                 build_directory=str(folder),
@@ -194,21 +167,21 @@ def load(home: Path | None = None) -> Any:
             logger.error("building the kernels in %s failed:\n%s", folder, exc)
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
             raise ConfigError(
-                f"building the int4/int8 kernels in {folder} failed ({lines[-1][:300]}; the compiler output is "
-                f"logged above): check that g++ >= 11 is installed, or {_FALLBACK}"
+                f"building the {chosen.name} kernels in {folder} failed ({lines[-1][:300]}; the compiler output "
+                f"is logged above): check that g++ >= 11 is installed, or {_FALLBACK}"
             ) from exc
     seconds = time.perf_counter() - start
     if fresh:
         logger.warning("compiled the kernels in %.0f s", seconds)
-    if not module.amx_available():
+    if chosen.name == "amx" and not module.amx_available():
         raise ConfigError(
             "this CPU has AMX but the operating system refused this process the AMX state (Linux >= 5.16 "
-            f"grants it on request): {_FALLBACK}"
+            "grants it on request): set VERISPEC_ISA=avx512"
         )
-    _STATE.module, _STATE.seconds = module, seconds
+    _STATE.modules[chosen.name], _STATE.seconds[chosen.name] = module, seconds
     return module
 
 
-def load_seconds() -> float | None:
-    """Wall time the :func:`load` that imported the module took (a build: about a minute)."""
-    return _STATE.seconds
+def load_seconds(tier: str | None = None) -> float | None:
+    """Wall time the :func:`load` that imported ``tier``'s module took (a build: about a minute)."""
+    return _STATE.seconds.get(tier or selected().name)

@@ -9,7 +9,7 @@
 Both quantise their input activations to int8 (W8A8, like llama.cpp's Q8 activations): each row
 of ``x`` (bf16 or fp32) in blocks of 64 inputs, ``scale = max|x_block| / 127``, codes
 ``round_half_even(x * (127 / max|x_block|))``. The products of codes are summed exactly in int32
-(AVX512-VNNI VPDPBUSD for few rows, AMX TDPBSUD for more), block by block, and the scales are
+(VPDPBUSD, VPMADDUBSW or plain C++ by tier; AMX TDPBSUD for many rows), block by block, and the scales are
 applied in fp32: ``y = x_q @ W.T + bias`` with ``x_q`` the dequantised activations, returned in
 ``x``'s dtype. The activations' 8-bit rounding is the one approximation beyond the weights' own
 format: at most half a step (``max|x_block| / 254``) per input, uniform and unbiased. Blocks of 64
@@ -44,7 +44,7 @@ Q4K_SUPER = 256  # inputs per Q4_K super-block
 Q4K_BLOCK_BYTES = 144  # bytes of one GGUF Q4_K block
 Q4K_RECORD_BYTES = 2304  # bytes of one packed record (16 rows x one super-block)
 INT8_ALIGN = 32  # int8 rows need a multiple of this many inputs
-BF16_ALIGN = 32  # bf16 kernel rows need a multiple of this many inputs (one AMX step)
+BF16_ALIGN = 32  # bf16 kernel rows need a multiple of this many inputs (one AMX step; every tier keeps it)
 
 
 def _row_blocks(n: int) -> int:
@@ -213,18 +213,20 @@ def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class Bf16Linear(nn.Module):
-    """``y = x @ W.T + bias`` for bf16 weights ``W`` ``[N, K]`` and bf16 activations, on AMX
-    (``csrc/bf16.cpp``): the "bf16" precision's projections on CPUs that have the kernels.
+    """``y = x @ W.T + bias`` for bf16 weights ``W`` ``[N, K]`` and bf16 activations on verispec's
+    kernels: the "bf16" precision's projections on the CPU.
 
-    Numerics: fp32 sums in the order AMX's TDPBF16PS adds (per step of 32 inputs, the sequential
-    fp32 sums of the even- and of the odd-indexed products, then ``C += even + odd``; denormals
-    count as zero), then ``+ bias`` in fp32 and one rounding to bf16 — :func:`reference_bf16_linear`
-    is that arithmetic in plain torch. Like torch's own bf16 matmul the weights and activations
-    are used as they are (no extra rounding); unlike it, the result of a row never depends on the
-    other rows of the call (batch invariance, bit for bit) and the cost is flat from 1 to 16 rows:
-    the weights are read once per call at close to memory bandwidth (20.6 GB/s against torch's
-    16.6 GB/s for the 1.5B model's LM head on two Sapphire Rapids cores,
-    ``benchmarks/linear_kernels.py``).
+    Numerics, by tier (:mod:`verispec.kernels.dispatch`): on amx, fp32 sums in the order AMX's
+    TDPBF16PS adds (per step of 32 inputs, the sequential fp32 sums of the even- and of the
+    odd-indexed products, then ``C += even + odd``; denormals count as zero, ``csrc/amx/bf16.cpp``);
+    on avx512, avx2 and portable one fp32 sum per output adding the products in input order with
+    one rounding each (``csrc/vec/linear.cpp``, the same bits on the three). Then ``+ bias`` in fp32
+    and one rounding to bf16. :func:`reference_bf16_linear` is either arithmetic in plain torch.
+    Like torch's own bf16 matmul the weights and activations are used as they are (no extra
+    rounding); unlike it, the result of a row never depends on the other rows of the call (batch
+    invariance, bit for bit), and the weights are read once per call at close to memory bandwidth
+    (20.6 GB/s against torch's 16.6 GB/s for the 1.5B model's LM head on two Sapphire Rapids
+    cores, amx tier, ``benchmarks/linear_kernels.py``).
 
     ``bf16``: the weights in 16-row blocks of input pairs (:meth:`from_weight`; :meth:`unpack`
     undoes it), ``bias``: fp32 or None. ``K`` must be a multiple of 32.
@@ -275,22 +277,31 @@ class Bf16Linear(nn.Module):
         return self.bf16.numel() * 2 + (0 if self.bias is None else self.bias.numel() * 4)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bf16 on AMX"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bf16"
 
 
-def reference_bf16_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def reference_bf16_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, order: str | None = None) -> Tensor:
     """:class:`Bf16Linear`'s arithmetic in plain torch, for tests: ``x`` ``[M, K]`` and ``weight``
-    ``[N, K]`` bf16 -> ``[M, N]`` fp32 (before the final rounding to bf16). Slow (one fp32 pass per
-    input pair)."""
+    ``[N, K]`` bf16 -> ``[M, N]`` fp32 (before the final rounding to bf16). ``order`` is "amx"
+    (TDPBF16PS's) or "chain" (the other tiers'); by default the selected tier's. Slow (one fp32
+    pass per input)."""
+    if order is None:
+        from verispec.kernels.dispatch import selected
+
+        order = "amx" if selected().name == "amx" else "chain"
     xf, wf = x.to(torch.float32), weight.to(torch.float32)
     acc = torch.zeros(x.shape[0], weight.shape[0])
-    for s in range(0, x.shape[1], BF16_ALIGN):
-        even = torch.zeros_like(acc)
-        odd = torch.zeros_like(acc)
-        for k in range(s, s + BF16_ALIGN, 2):
-            even = even + xf[:, k, None] * wf[None, :, k]
-            odd = odd + xf[:, k + 1, None] * wf[None, :, k + 1]
-        acc = acc + (even + odd)
+    if order == "chain":  # a bf16 x bf16 product is exact in fp32: acc + p is the FMA's one rounding
+        for k in range(x.shape[1]):
+            acc = acc + xf[:, k, None] * wf[None, :, k]
+    else:
+        for s in range(0, x.shape[1], BF16_ALIGN):
+            even = torch.zeros_like(acc)
+            odd = torch.zeros_like(acc)
+            for k in range(s, s + BF16_ALIGN, 2):
+                even = even + xf[:, k, None] * wf[None, :, k]
+                odd = odd + xf[:, k + 1, None] * wf[None, :, k + 1]
+            acc = acc + (even + odd)
     return acc if bias is None else acc + bias.to(torch.float32)
 
 

@@ -1,5 +1,6 @@
 // torch glue of the kernels: argument checks, dtype handling, threading (at::parallel_for over
-// 16-row weight blocks, so the kernels use torch's thread count) and the Python module.
+// 16-row weight blocks, so the kernels use torch's thread count) and the Python module. Compiled
+// once per tier (VS_TIER names it; VS_TIER_AMX adds the tile engines), with the same functions.
 #include <ATen/Parallel.h>
 #include <sys/syscall.h>
 #include <torch/extension.h>
@@ -7,16 +8,37 @@
 
 #include "common.h"
 
+#define VS_STRING_OF(x) #x
+#define VS_STRING(x) VS_STRING_OF(x)  // VS_TIER is the bare tier name (-DVS_TIER=avx2)
+
 namespace verispec {
 
+#ifdef VS_TIER_AMX
+constexpr bool kHasAmx = true;
 bool amx_permitted() {
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return ok;
 }
+#else
+constexpr bool kHasAmx = false;
+bool amx_permitted() { return false; }
+void w8a8_linear_amx(const W8A8Args&, int64_t, int64_t) { TORCH_CHECK(false, "this tier has no AMX"); }
+void q4k_linear_amx(const W8A8Args&, int64_t, int64_t) { TORCH_CHECK(false, "this tier has no AMX"); }
+void bf16_linear_amx(const Bf16Args&, int64_t, int64_t) { TORCH_CHECK(false, "this tier has no AMX"); }
+#endif
 
 namespace {
 
 int64_t row_blocks(int64_t n) { return (n + kRows - 1) / kRows; }
+
+// Whether a call of m rows runs on AMX tiles: forced by engine 2, or (engine 0) above the rows
+// the vector kernels take on the amx tier. Checks the engine and that the tiles may be used.
+bool tiles_for(int64_t m, int64_t engine, int vector_rows) {
+  TORCH_CHECK(engine >= kEngineAuto && engine <= kEngineAmx, "engine must be 0 (auto), 1 (vectors) or 2 (AMX)");
+  const bool amx = engine == kEngineAmx || (engine == kEngineAuto && kHasAmx && m > vector_rows);
+  TORCH_CHECK(!amx || amx_permitted(), "AMX is not available on this tier, CPU or kernel");
+  return amx;
+}
 
 void check_weights(const at::Tensor& t, at::ScalarType type, int64_t numel, const char* what) {
   TORCH_CHECK(t.scalar_type() == type && t.is_contiguous() && t.device().is_cpu(), what,
@@ -90,10 +112,8 @@ at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
                       const c10::optional<at::Tensor>& bias, int64_t engine) {
   TORCH_CHECK(k % kQ4KSuper == 0, "Q4_K rows must have a multiple of 256 inputs, got ", k);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1, "x must be [M, ", k, "], got ", x.sizes());
-  TORCH_CHECK(engine >= kEngineAuto && engine <= kEngineAmx, "engine must be 0 (auto), 1 (VNNI) or 2 (AMX)");
   check_weights(packed, at::kByte, row_blocks(n) * (k / kQ4KSuper) * kQ4KRecord, "packed Q4_K");
-  const int eng = static_cast<int>(engine);
-  TORCH_CHECK(!q4k_uses_amx(x.size(0), eng) || amx_permitted(), "AMX is not available on this CPU or kernel");
+  const bool amx = tiles_for(x.size(0), engine, kQ4KVectorRows);
   at::Tensor y = at::empty({x.size(0), n}, x.options());
   std::tuple<at::Tensor, at::Tensor, at::Tensor> xqs;
   W8A8Args a = quantized_args(x, y, n, k, bias, xqs);
@@ -101,7 +121,12 @@ at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
   const at::Tensor xmin = std::get<2>(xqs).to(at::kFloat) * std::get<1>(xqs).repeat_interleave(2, 1);
   a.w = packed.data_ptr<uint8_t>();
   a.xmin = xmin.data_ptr<float>();
-  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) { q4k_linear(a, b, e, eng); });
+  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) {
+    if (amx)
+      q4k_linear_amx(a, b, e);
+    else
+      q4k_linear_vec(a, b, e);
+  });
   return y;
 }
 
@@ -123,17 +148,20 @@ at::Tensor w8a8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::
                        const c10::optional<at::Tensor>& bias, int64_t engine) {
   TORCH_CHECK(k % 32 == 0, "int8 rows must have a multiple of 32 inputs, got ", k);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1, "x must be [M, ", k, "], got ", x.sizes());
-  TORCH_CHECK(engine >= kEngineAuto && engine <= kEngineAmx, "engine must be 0 (auto), 1 (VNNI) or 2 (AMX)");
   check_weights(packed, at::kChar, row_blocks(n) * kRows * k, "packed int8");
   check_weights(scale, at::kFloat, row_blocks(n) * kRows, "int8 scales");
-  const int eng = static_cast<int>(engine);
-  TORCH_CHECK(!w8a8_uses_amx(x.size(0), eng) || amx_permitted(), "AMX is not available on this CPU or kernel");
+  const bool amx = tiles_for(x.size(0), engine, kW8A8VectorRows);
   at::Tensor y = at::empty({x.size(0), n}, x.options());
   std::tuple<at::Tensor, at::Tensor, at::Tensor> xqs;
   W8A8Args a = quantized_args(x, y, n, k, bias, xqs);
   a.w = reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>());
   a.wscale = scale.data_ptr<float>();
-  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) { w8a8_linear(a, b, e, eng); });
+  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) {
+    if (amx)
+      w8a8_linear_amx(a, b, e);
+    else
+      w8a8_linear_vec(a, b, e);
+  });
   return y;
 }
 
@@ -157,7 +185,7 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n,
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
               "x must be bf16 [M, ", k, "] on the CPU, got ", x.sizes(), " ", x.scalar_type());
   check_weights(packed, at::kBFloat16, row_blocks(n) * kRows * k, "packed bf16");
-  TORCH_CHECK(amx_permitted(), "AMX is not available on this CPU or kernel");
+  TORCH_CHECK(!kHasAmx || amx_permitted(), "AMX is not available on this CPU or kernel");
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({x.size(0), n}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
   Bf16Args a{};
@@ -170,7 +198,12 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n,
   a.K = k;
   a.out_bf16 = !out_fp32;
   // grain 4: a thread's range is whole groups of four row blocks (bf16.cpp's unit)
-  at::parallel_for(0, row_blocks(n), 4, [&](int64_t b, int64_t e) { bf16_linear(a, b, e); });
+  at::parallel_for(0, row_blocks(n), 4, [&](int64_t b, int64_t e) {
+    if (kHasAmx)
+      bf16_linear_amx(a, b, e);
+    else
+      bf16_linear_vec(a, b, e);
+  });
   return y;
 }
 
@@ -293,52 +326,45 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 
 // ------------------------------------------------------------------------------------ bandwidth
 
-// Reads every byte of t once (64-byte vector loads, all threads) and returns a checksum: the
-// benchmarks time it to measure the memory read bandwidth the kernels can hope for.
+// Reads every byte of t once (all threads) and returns a checksum: the benchmarks time it to
+// measure the memory read bandwidth the kernels can hope for.
 int64_t stream_read(const at::Tensor& t) {
   TORCH_CHECK(t.is_contiguous() && t.device().is_cpu(), "t must be a contiguous CPU tensor");
-  const int64_t lines = t.nbytes() / 256;
+  constexpr int64_t kChunk = 1 << 20;
+  const int64_t bytes = t.nbytes(), chunks = (bytes + kChunk - 1) / kChunk;
   const auto* base = static_cast<const uint8_t*>(t.data_ptr());
-  std::vector<int64_t> partial(at::get_num_threads() + 1, 0);
-  at::parallel_for(0, lines, 4096, [&](int64_t b, int64_t e) {
-    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    for (int64_t i = b; i < e; ++i) {
-      const uint8_t* p = base + 256 * i;
-      s0 = _mm512_xor_si512(s0, _mm512_loadu_si512(p));
-      s1 = _mm512_xor_si512(s1, _mm512_loadu_si512(p + 64));
-      s2 = _mm512_xor_si512(s2, _mm512_loadu_si512(p + 128));
-      s3 = _mm512_xor_si512(s3, _mm512_loadu_si512(p + 192));
-    }
-    const __m512i s = _mm512_xor_si512(_mm512_xor_si512(s0, s1), _mm512_xor_si512(s2, s3));
-    partial[at::get_thread_num()] ^= _mm512_reduce_add_epi64(s);
+  std::vector<uint64_t> partial(chunks, 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) partial[i] = stream_xor(base + i * kChunk, std::min(kChunk, bytes - i * kChunk));
   });
-  int64_t total = 0;
-  for (int64_t v : partial) total ^= v;
-  return total;
+  uint64_t total = 0;
+  for (uint64_t v : partial) total ^= v;
+  return static_cast<int64_t>(total);
 }
 
 }  // namespace
 }  // namespace verispec
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "verispec linear kernels (AVX-512, AMX); see verispec/kernels/csrc/*.cpp";
-  m.def("amx_available", &verispec::amx_permitted, "whether this process may use AMX tiles");
+  m.doc() = "verispec CPU kernels, tier " VS_STRING(VS_TIER) "; see verispec/kernels/csrc/";
+  m.def("tier", [] { return std::string(VS_STRING(VS_TIER)); }, "the instruction-set tier this module was built for");
+  m.def("amx_available", &verispec::amx_permitted, "whether this process may use AMX tiles (amx tier only)");
   m.def("q4k_pack", &verispec::q4k_pack_blocks, "GGUF Q4_K blocks [N, K/256*144] uint8 -> packed records");
   m.def("q4k_dequantize", &verispec::q4k_dequantize_packed, "packed Q4_K -> the exact fp32 weights [N, K]");
   m.def("q4k_linear", &verispec::q4k_matmul,
         "x [M, K] quantised to int8 per 64 inputs, times dequantise(packed Q4_K).T, + bias -> [M, N], x's dtype; "
-        "engine 0 = by the number of rows, 1 = VNNI, 2 = AMX (the same result)",
+        "engine 0 = by the number of rows, 1 = vectors, 2 = AMX (amx tier; the same result)",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("engine") = 0);
   m.def("w8a8_pack", &verispec::w8a8_pack_codes, "int8 codes [N, K] -> packed W8A8 layout (codes + 128)");
   m.def("w8a8_quantize", &verispec::w8a8_quantize_rows, "x [M, K] -> (int8 [M, K], scales per 64 inputs [M, ceil(K/64)], sums per 32 inputs [M, K/32])");
   m.def("w8a8_linear", &verispec::w8a8_matmul,
         "x [M, K] quantised to int8 per 64 inputs, times (scale * codes).T, + bias -> [M, N], x's dtype; engine 0 = "
-        "by the number of rows, 1 = VNNI, 2 = AMX (the same result)",
+        "by the number of rows, 1 = vectors, 2 = AMX (amx tier; the same result)",
         py::arg("x"), py::arg("packed"), py::arg("scale"), py::arg("n"), py::arg("k"), py::arg("bias"),
         py::arg("engine") = 0);
-  m.def("bf16_pack", &verispec::bf16_pack_weight, "bf16 weight [N, K] -> packed AMX pair layout (N rounded up to 16)");
+  m.def("bf16_pack", &verispec::bf16_pack_weight, "bf16 weight [N, K] -> packed pair layout (N rounded up to 16)");
   m.def("bf16_linear", &verispec::bf16_matmul,
-        "x [M, K] bf16 times unpack(packed).T on AMX (fp32 sums), + bias -> [M, N] bf16 (fp32 when out_fp32)",
+        "x [M, K] bf16 times unpack(packed).T (fp32 sums: TDPBF16PS order on amx, one FMA chain elsewhere), + bias -> [M, N] bf16 (fp32 when out_fp32)",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("out_fp32") = false);
   m.def("attention_rows", &verispec::attention_by_row,
         "q [B, T, H, D], k/v [B, H_kv, span, D], visible [B, T, span] bool, scale -> [B, T, H, D]: softmax "

@@ -12,37 +12,31 @@
 #include <cmath>
 
 #include "common.h"
+#include "vec.h"
 
 namespace verispec {
-namespace {
-
-inline void narrow_store(uint16_t* p, __m512 v, __mmask16 m = 0xFFFF) {
-  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
-}
-inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
-
-}  // namespace
+using namespace vec;
 
 void rms_norm_rows(uint16_t* h, const uint16_t* delta, const uint16_t* w, uint16_t* y, int64_t c, float eps,
                    int64_t begin, int64_t end) {
   for (int64_t m = begin; m < end; ++m) {
     uint16_t* hr = h + m * c;
-    __m512 sq = _mm512_setzero_ps();
+    F16 sq = zero();
     for (int64_t i = 0; i < c; i += 16) {
-      const __mmask16 k = tail_mask(c - i);
-      __m512 v = widen_bf16_masked(hr + i, k);
+      const int n = static_cast<int>(std::min<int64_t>(c - i, 16));
+      F16 v = load_bf16_n(hr + i, n);
       if (delta) {
-        v = round_to_bf16(_mm512_add_ps(v, widen_bf16_masked(delta + m * c + i, k)));
-        narrow_store(hr + i, v, k);
+        v = round_bf16(add(v, load_bf16_n(delta + m * c + i, n)));
+        store_bf16_n(hr + i, v, n);
       }
-      sq = _mm512_fmadd_ps(v, v, sq);
+      sq = fma(v, v, sq);
     }
-    const float r = 1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(c) + eps);
-    const __m512 rv = _mm512_set1_ps(r);
+    const float r = 1.0f / std::sqrt(reduce_add(sq) / static_cast<float>(c) + eps);
+    const F16 rv = set1(r);
     for (int64_t i = 0; i < c; i += 16) {
-      const __mmask16 k = tail_mask(c - i);
-      const __m512 v = round_to_bf16(_mm512_mul_ps(widen_bf16_masked(hr + i, k), rv));
-      narrow_store(y + m * c + i, _mm512_mul_ps(widen_bf16_masked(w + i, k), v), k);
+      const int n = static_cast<int>(std::min<int64_t>(c - i, 16));
+      const F16 v = round_bf16(mul(load_bf16_n(hr + i, n), rv));
+      store_bf16_n(y + m * c + i, mul(load_bf16_n(w + i, n), v), n);
     }
   }
 }
@@ -57,11 +51,11 @@ void rotary_rows(const uint16_t* x, int64_t x_stride, const uint16_t* cos, const
       const uint16_t* xr = x + m * x_stride + h * d;
       uint16_t* yr = y + (m * heads + h) * d;
       for (int64_t i = 0; i < d; i += 16) {  // d % 32 == 0: a vector never straddles the halves
-        const __m512 v = widen_bf16(xr + i);
-        const __m512 partner = i < half ? _mm512_sub_ps(_mm512_setzero_ps(), widen_bf16(xr + i + half)) : widen_bf16(xr + i - half);
-        const __m512 a = round_to_bf16(_mm512_mul_ps(v, widen_bf16(cr + i)));
-        const __m512 b = round_to_bf16(_mm512_mul_ps(partner, widen_bf16(sr + i)));
-        narrow_store(yr + i, _mm512_add_ps(a, b));
+        const F16 v = load_bf16(xr + i);
+        const F16 partner = i < half ? sub(zero(), load_bf16(xr + i + half)) : load_bf16(xr + i - half);
+        const F16 a = round_bf16(mul(v, load_bf16(cr + i)));
+        const F16 b = round_bf16(mul(partner, load_bf16(sr + i)));
+        store_bf16(yr + i, add(a, b));
       }
     }
   }
@@ -69,13 +63,13 @@ void rotary_rows(const uint16_t* x, int64_t x_stride, const uint16_t* cos, const
 
 void silu_mul_rows(const uint16_t* gate, const uint16_t* up, int64_t stride, uint16_t* y, int64_t f, int64_t begin,
                    int64_t end) {
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const F16 one = set1(1.0f);
   for (int64_t m = begin; m < end; ++m) {
     for (int64_t i = 0; i < f; i += 16) {
-      const __mmask16 k = tail_mask(f - i);
-      const __m512 g = widen_bf16_masked(gate + m * stride + i, k);
-      const __m512 s = round_to_bf16(_mm512_div_ps(g, _mm512_add_ps(one, exp_fp32(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
-      narrow_store(y + m * f + i, _mm512_mul_ps(s, widen_bf16_masked(up + m * stride + i, k)), k);
+      const int n = static_cast<int>(std::min<int64_t>(f - i, 16));
+      const F16 g = load_bf16_n(gate + m * stride + i, n);
+      const F16 s = round_bf16(div(g, add(one, vec::exp(sub(zero(), g)))));
+      store_bf16_n(y + m * f + i, mul(s, load_bf16_n(up + m * stride + i, n)), n);
     }
   }
 }

@@ -1,5 +1,6 @@
-// bf16 weights times bf16 activations on AMX (TDPBF16PS), fp32 sums: the "bf16" precision's
-// projections for few-row passes (decoding, verification) at close to memory bandwidth.
+// bf16 weights times bf16 activations on AMX (TDPBF16PS), fp32 sums: the amx tier's "bf16"
+// projections at every row count (one summation order for 1 row and 16: batch invariance), at
+// close to memory bandwidth. The other tiers add in another order (vec/linear.cpp).
 //
 //   y[m][n] = C[m][n] + bias[n]   (fp32, then rounded to nearest even to bf16 when y is bf16)
 //
@@ -24,7 +25,7 @@
 // they lie in memory. Rows past N are zero and their outputs are never written.
 #include <algorithm>
 
-#include "common.h"
+#include "amx.h"
 
 namespace verispec {
 namespace {
@@ -115,7 +116,7 @@ void amx_rows(const Bf16Args& a, int64_t nb, int& configured) {
 
 }  // namespace
 
-void bf16_linear(const Bf16Args& a, int64_t begin, int64_t end) {
+void bf16_linear_amx(const Bf16Args& a, int64_t begin, int64_t end) {
   int configured = 0;
   int64_t nb = begin;
   for (; nb + kGroupBlocks <= end; nb += kGroupBlocks) amx_rows<kGroupBlocks>(a, nb, configured);
@@ -126,20 +127,6 @@ void bf16_linear(const Bf16Args& a, int64_t begin, int64_t end) {
     default: break;
   }
   if (configured) _tile_release();
-}
-
-// bf16 [n, k] row-major -> packed row blocks [begin, end) (see the layout above).
-void bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed, int64_t begin, int64_t end) {
-  const int64_t pairs = k / 2;
-  for (int64_t nb = begin; nb < end; ++nb) {
-    uint16_t* dst = packed + nb * pairs * kRows * 2;
-    for (int64_t g = 0; g < pairs; ++g)
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t row = nb * kRows + r;
-        dst[(g * kRows + r) * 2] = row < n ? w[row * k + 2 * g] : 0;
-        dst[(g * kRows + r) * 2 + 1] = row < n ? w[row * k + 2 * g + 1] : 0;
-      }
-  }
 }
 
 }  // namespace verispec

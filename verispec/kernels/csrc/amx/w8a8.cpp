@@ -20,11 +20,11 @@
 // the quantisation) is subtracted. No step saturates (|sum| <= 64 * 255 * 127 per block).
 //
 // Two engines run the same arithmetic on the same packed weights:
-//   - AVX512-VNNI (VPDPBUSD) for up to kVnniRows activation rows: each 64-byte weight load feeds
-//     one VPDPBUSD per row, whose signed operand is a 4-byte broadcast straight from the quantised
-//     row. At one to three rows this keeps up with memory; with more rows it becomes compute-bound
-//     (one VPDPBUSD per 64 weights and row),
-//   - AMX (TDPBSUD) for more rows: the 16 groups of a block (64 inputs) are one int8 B tile as they
+//   - vectors for up to kW8A8VectorRows activation rows (vec/linear.cpp; on this tier VPDPBUSD):
+//     each 64-byte weight load feeds one VPDPBUSD per row, whose signed operand is a 4-byte
+//     broadcast straight from the quantised row. At one to three rows this keeps up with memory;
+//     with more rows it becomes compute-bound (one VPDPBUSD per 64 weights and row),
+//   - AMX (TDPBSUD, this file) for more rows: the 16 groups of a block (64 inputs) are one int8 B tile as they
 //     lie in memory, so one tile load and one tile multiply cover 1024 weights for up to 16 rows.
 // Integer sums are exact in any order and the float steps are the same code in the same order
 // for every row, so both engines give the same bits, and an M-row call equals M one-row calls bit
@@ -36,16 +36,14 @@
 // Rows past N hold q = 0 (u = 128) and their outputs are never written.
 #include <algorithm>
 
-#include "common.h"
+#include "amx.h"
 
 namespace verispec {
 namespace {
 
 constexpr int kGroup = 64;               // bytes per group of 4 inputs x 16 rows
-constexpr int kBlockGroups = 16;         // groups per activation block (64 inputs)
 constexpr int kStepBytes = 16 * kGroup;  // one AMX B tile: 64 inputs x 16 rows
 constexpr int kPrefetchBytes = 2048;     // how far ahead of its loads the weight stream is prefetched
-constexpr int kVnniRows = 3;             // calls with at most this many rows run on VNNI, others on AMX
 
 inline int64_t blocks_of(int64_t k) { return (k + kW8A8Block - 1) / kW8A8Block; }
 
@@ -62,62 +60,11 @@ inline __m512 add_block(const W8A8Args& a, int64_t row, int64_t b, __m512i s, __
 inline void finish_row(const W8A8Args& a, int64_t nb, int64_t row, __m512 t) {
   const int64_t n0 = nb * kRows;
   const int n_valid = static_cast<int>(std::min<int64_t>(a.N - n0, kRows));
-  const __mmask16 mask = n_valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n_valid) - 1);
-  __m512 v = _mm512_mul_ps(t, _mm512_loadu_ps(a.wscale + n0));  // scales padded to a multiple of 16
-  if (a.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, a.bias + n0));
-  store_columns(a.y, a.out_bf16, row * a.N + n0, v, n_valid);
-}
-
-// Independent accumulator chains per activation row: enough in flight to hide VPDPBUSD's latency
-// when there are few rows, without running out of vector registers when there are more.
-constexpr int chains(int rows) { return rows <= 3 ? 4 : rows <= 6 ? 2 : 1; }
-
-// VNNI: block nb for the R rows from row0.
-template <int R>
-void vnni_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
-  constexpr int U = chains(R);
-  const int64_t groups = a.K / 4;  // a multiple of 8 (K % 32 == 0), so of U
-  const uint8_t* blk = a.w + nb * groups * kGroup;
-  const int32_t* xr[R];
-  for (int m = 0; m < R; ++m) xr[m] = reinterpret_cast<const int32_t*>(a.xq + (row0 + m) * a.K);
-  __m512 t[R];
-  for (int m = 0; m < R; ++m) t[m] = _mm512_setzero_ps();
-  for (int64_t g0 = 0, b = 0; g0 < groups; g0 += kBlockGroups, ++b) {
-    const int64_t g1 = std::min<int64_t>(g0 + kBlockGroups, groups);
-    __m512i acc[R][U];
-    for (int m = 0; m < R; ++m)
-      for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_si512();
-    for (int64_t g = g0; g < g1; g += U) {
-      const uint8_t* p = blk + g * kGroup;
-      // (prefetches never fault: past the block they fetch the next one, which comes next anyway)
-      for (int u = 0; u < U; ++u) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + u * kGroup), _MM_HINT_T0);
-      __m512i w[U];
-      for (int u = 0; u < U; ++u) w[u] = _mm512_load_si512(p + u * kGroup);
-      for (int m = 0; m < R; ++m)
-        for (int u = 0; u < U; ++u) acc[m][u] = _mm512_dpbusd_epi32(acc[m][u], w[u], _mm512_set1_epi32(xr[m][g + u]));
-    }
-    for (int m = 0; m < R; ++m) {
-      __m512i s = acc[m][0];
-      for (int u = 1; u < U; ++u) s = _mm512_add_epi32(s, acc[m][u]);
-      t[m] = add_block(a, row0 + m, b, s, t[m]);
-    }
-  }
-  for (int m = 0; m < R; ++m) finish_row(a, nb, row0 + m, t[m]);
+  const __m512 v = _mm512_mul_ps(t, _mm512_loadu_ps(a.wscale + n0));  // scales padded to a multiple of 16
+  store_columns(a.y, a.out_bf16, row * a.N + n0, vec::plus_bias(a.bias, n0, n_valid, vec::F16{v}).v, n_valid);
 }
 
 using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
-constexpr auto kVnniFns = rows_table<8>([](auto r) { return &vnni_rows<decltype(r)::value>; });
-
-// VNNI: every row, 8 at a time over the same block (whose 16 x K bytes are then in L2).
-void vnni_blocks(const W8A8Args& a, int64_t begin, int64_t end) {
-  constexpr int kChunk = 8;
-  const int64_t full = a.M / kChunk, rest = a.M % kChunk;
-  const RowsFn tail = pick_rows(kVnniFns, rest);
-  for (int64_t nb = begin; nb < end; ++nb) {
-    for (int64_t c = 0; c < full; ++c) vnni_rows<kChunk>(a, nb, c * kChunk);
-    if (tail) tail(a, nb, full * kChunk);
-  }
-}
 
 // AMX tiles: tmm0..tmm3 C (rows x 16 int32: two pairs of steps in flight), tmm4, tmm5 A (rows x
 // 64 activation bytes), tmm6, tmm7 B (16 groups x 64 weight bytes). TDPBSUD C += A . B: signed A,
@@ -222,62 +169,6 @@ void amx_blocks(const W8A8Args& a, int64_t begin, int64_t end) {
 
 }  // namespace
 
-bool w8a8_uses_amx(int64_t m, int engine) { return engine == kEngineAmx || (engine == kEngineAuto && m > kVnniRows); }
-
-void w8a8_linear(const W8A8Args& a, int64_t begin, int64_t end, int engine) {
-  if (w8a8_uses_amx(a.M, engine))
-    amx_blocks(a, begin, end);
-  else
-    vnni_blocks(a, begin, end);
-}
-
-// Rows [begin, end) of x (fp32, or bf16 when bf16) -> p [M, K], scale_x per block of 64 inputs
-// [M, ceil(K / 64)] and the sums of p per 32 inputs [M, K / 32] (see the top).
-void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale, int32_t* sum, int64_t begin,
-                   int64_t end) {
-  auto load16 = [&](int64_t m, int64_t i) -> __m512 {
-    if (bf16) return widen_bf16(static_cast<const uint16_t*>(x) + m * k + i);
-    return _mm512_loadu_ps(static_cast<const float*>(x) + m * k + i);
-  };
-  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-  const int64_t nblk = blocks_of(k);
-  for (int64_t m = begin; m < end; ++m)
-    for (int64_t b = 0; b < nblk; ++b) {
-      const int64_t i0 = b * kW8A8Block, i1 = std::min<int64_t>(i0 + kW8A8Block, k);
-      __m512 amax = _mm512_setzero_ps();
-      for (int64_t i = i0; i < i1; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load16(m, i)));
-      const float top = _mm512_reduce_max_ps(amax);
-      scale[m * nblk + b] = top / 127.0f;
-      const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
-      for (int64_t h = i0; h < i1; h += 32) {
-        __m512i total = _mm512_setzero_si512();
-        for (int64_t i = h; i < h + 32; i += 16) {
-          // x * inv rounded to nearest even (the default MXCSR mode), clamped
-          __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load16(m, i), inv));
-          q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
-          total = _mm512_add_epi32(total, q);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + m * k + i), _mm512_cvtepi32_epi8(q));
-        }
-        sum[m * (k / 32) + h / 32] = _mm512_reduce_add_epi32(total);
-      }
-    }
-}
-
-// int8 [n, k] row-major -> packed row blocks [begin, end) (see the layout above).
-void w8a8_pack(const int8_t* q, int64_t n, int64_t k, uint8_t* packed, int64_t begin, int64_t end) {
-  const int64_t groups = k / 4;
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
-  alignas(64) int32_t lanes[kRows];
-  for (int64_t nb = begin; nb < end; ++nb)
-    for (int64_t g = 0; g < groups; ++g) {
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t row = nb * kRows + r;
-        lanes[r] = 0;
-        if (row < n) std::memcpy(&lanes[r], q + row * k + 4 * g, 4);
-      }
-      // q + 128 as an unsigned byte is q with its top bit flipped
-      _mm512_storeu_si512(packed + (nb * groups + g) * kGroup, _mm512_xor_si512(_mm512_load_si512(lanes), offset));
-    }
-}
+void w8a8_linear_amx(const W8A8Args& a, int64_t begin, int64_t end) { amx_blocks(a, begin, end); }
 
 }  // namespace verispec

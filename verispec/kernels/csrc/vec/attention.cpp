@@ -10,8 +10,8 @@
 //
 // For a row (batch b, new token t, query head h, its key/value head h / G):
 //   s_j = scale * (q . k_j)         for the visible keys j in increasing order; the dot product
-//                                   is D/16 vector FMAs in order, then a fixed lane reduction
-//   m = max_j s_j,  p_j = exp(s_j - m)   (exp: common.h's exp_fp32, the same for every row)
+//                                   is D/16 vector FMAs in order, then vec.h's fixed lane reduction
+//   m = max_j s_j,  p_j = exp(s_j - m)   (exp: vec.h's, the same for every row and tier)
 //   l = sum_j p_j                   (16 lanes in parallel over j, then the fixed lane reduction)
 //   o = (sum_j p_j v_j) / l         (fp32 vector FMAs in order of j), rounded to the output dtype
 // All in fp32 from bf16 (or fp32) inputs.
@@ -20,13 +20,15 @@
 #include <vector>
 
 #include "common.h"
+#include "vec.h"
 
 namespace verispec {
 namespace {
+using namespace vec;
 
-inline __m512 load_row16(const void* base, bool bf16, int64_t offset) {
-  if (bf16) return widen_bf16(static_cast<const uint16_t*>(base) + offset);
-  return _mm512_loadu_ps(static_cast<const float*>(base) + offset);
+inline F16 load_row16(const void* base, bool bf16, int64_t offset) {
+  if (bf16) return load_bf16(static_cast<const uint16_t*>(base) + offset);
+  return load(static_cast<const float*>(base) + offset);
 }
 
 constexpr int kMaxHeadDim = 256;
@@ -35,7 +37,7 @@ void attention_row(const AttnArgs& a, int64_t row, std::vector<float>& score, st
   const int64_t h = row % a.H, bt = row / a.H, b = bt / a.T;
   const int64_t kvh = h / (a.H / a.Hkv);
   const int vd = static_cast<int>(a.D / 16);
-  __m512 q[kMaxHeadDim / 16];
+  F16 q[kMaxHeadDim / 16];
   for (int i = 0; i < vd; ++i) q[i] = load_row16(a.q, a.bf16, row * a.D + 16 * i);
   const int64_t k0 = b * a.k_sb + kvh * a.k_sh, v0 = b * a.v_sb + kvh * a.v_sh;
   const uint8_t* vis = a.visible + bt * a.span;
@@ -43,33 +45,32 @@ void attention_row(const AttnArgs& a, int64_t row, std::vector<float>& score, st
   float m = -INFINITY;
   for (int64_t j = 0; j < a.span; ++j) {
     if (!vis[j]) continue;
-    __m512 acc = _mm512_mul_ps(q[0], load_row16(a.k, a.bf16, k0 + j * a.D));
-    for (int i = 1; i < vd; ++i) acc = _mm512_fmadd_ps(q[i], load_row16(a.k, a.bf16, k0 + j * a.D + 16 * i), acc);
-    const float s = _mm512_reduce_add_ps(acc) * a.scale;
+    F16 acc = mul(q[0], load_row16(a.k, a.bf16, k0 + j * a.D));
+    for (int i = 1; i < vd; ++i) acc = fma(q[i], load_row16(a.k, a.bf16, k0 + j * a.D + 16 * i), acc);
+    const float s = reduce_add(acc) * a.scale;
     score[n] = s;
     index[n] = static_cast<int32_t>(j);
     m = std::max(m, s);
     ++n;
   }
-  __m512 o[kMaxHeadDim / 16];
-  for (int i = 0; i < vd; ++i) o[i] = _mm512_setzero_ps();
-  __m512 lsum = _mm512_setzero_ps();
-  const __m512 mv = _mm512_set1_ps(m);
+  F16 o[kMaxHeadDim / 16];
+  for (int i = 0; i < vd; ++i) o[i] = zero();
+  F16 lsum = zero();
+  const F16 mv = set1(m);
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int cnt = static_cast<int>(std::min<int64_t>(16, n - j0));
-    const __mmask16 mask = cnt >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1);
-    const __m512 p = _mm512_maskz_mov_ps(mask, exp_fp32(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, &score[j0]), mv)));
-    lsum = _mm512_add_ps(lsum, p);
+    const F16 p = keep_first(vec::exp(sub(load_n(&score[j0], cnt), mv)), cnt);
+    lsum = add(lsum, p);
     alignas(64) float pj[16];
-    _mm512_store_ps(pj, p);
+    store(pj, p);
     for (int u = 0; u < cnt; ++u) {
-      const __m512 w = _mm512_set1_ps(pj[u]);
+      const F16 w = set1(pj[u]);
       const int64_t vrow = v0 + static_cast<int64_t>(index[j0 + u]) * a.D;
-      for (int i = 0; i < vd; ++i) o[i] = _mm512_fmadd_ps(w, load_row16(a.v, a.bf16, vrow + 16 * i), o[i]);
+      for (int i = 0; i < vd; ++i) o[i] = fma(w, load_row16(a.v, a.bf16, vrow + 16 * i), o[i]);
     }
   }
-  const __m512 l = _mm512_set1_ps(n ? _mm512_reduce_add_ps(lsum) : 1.0f);
-  for (int i = 0; i < vd; ++i) store_columns(a.out, a.bf16, row * a.D + 16 * i, _mm512_div_ps(o[i], l), 16);
+  const F16 l = set1(n ? reduce_add(lsum) : 1.0f);
+  for (int i = 0; i < vd; ++i) store_columns(a.out, a.bf16, row * a.D + 16 * i, div(o[i], l), 16);
 }
 
 }  // namespace

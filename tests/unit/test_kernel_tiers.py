@@ -1,0 +1,104 @@
+"""Every instruction-set tier of the kernels this CPU can execute computes the same bits: int8,
+Q4_K, the activation quantisation, attention, RMSNorm, RoPE, SwiGLU and the Q4_K dequantiser on
+all tiers; bf16 on avx512, avx2 and portable (the amx tier adds bf16 products in AMX's order, and
+differs from the others by fp32 rounding only). Tiers this CPU cannot run are skipped, by name."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+
+from tests.kernels import q4k_blocks, require_kernels
+from verispec.kernels import dispatch
+
+OTHERS = [t for t in dispatch.TIER_NAMES if t != "portable"]
+
+
+def outputs(module: Any) -> dict[str, Any]:
+    """Each kernel's result on fixed inputs (ragged sizes: partial 16-row blocks, short vectors)."""
+    gen = torch.Generator().manual_seed(0)
+    n, k = 72, 768
+    w = torch.randn(n, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    scale = torch.zeros(80)
+    scale[:n] = torch.rand(n, generator=gen) / 64
+    q4k = module.q4k_pack(torch.from_numpy(q4k_blocks(n, k, seed=1)), n, k)
+    int8 = module.w8a8_pack(codes)
+    bf16 = module.bf16_pack(w.to(torch.bfloat16))
+    out: dict[str, Any] = {"dequantize": module.q4k_dequantize(q4k, n, k)}
+    for m in (1, 3, 7, 9, 16, 21):
+        x = (torch.randn(m, k, generator=gen) * torch.where(torch.rand(m, k, generator=gen) < 0.05, 40.0, 1.0)).to(
+            torch.bfloat16
+        )
+        out[f"q4k {m}"] = module.q4k_linear(x, q4k, n, k, bias)
+        out[f"q4k fp32 {m}"] = module.q4k_linear(x.float(), q4k, n, k, None)
+        out[f"int8 {m}"] = module.w8a8_linear(x, int8, scale, n, k, bias)
+        out[f"int8 fp32 {m}"] = module.w8a8_linear(x.float(), int8, scale, n, k, None)
+        out[f"quantize {m}"] = module.w8a8_quantize(x)
+        out[f"bf16 {m}"] = module.bf16_linear(x, bf16, n, k, bias, True)
+    h = (3 * torch.randn(5, 200, generator=gen)).to(torch.bfloat16)
+    out["rms_norm"] = (module.rms_norm(h, torch.randn(5, 200, generator=gen).to(torch.bfloat16), h[0], 1e-6), h)
+    gate_up = (4 * torch.randn(6, 272, generator=gen)).to(torch.bfloat16)
+    out["silu_mul"] = module.silu_mul(gate_up[:, :136], gate_up[:, 136:])
+    cos, sin = (torch.randn(7, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+    out["rotary"] = module.rotary(torch.randn(7, 192, generator=gen).to(torch.bfloat16), cos, sin, 3, 64)
+    q = torch.randn(2, 3, 4, 64, generator=gen)
+    keys, values = (torch.randn(2, 2, 37, 64, generator=gen) for _ in range(2))
+    visible = torch.rand(2, 3, 37, generator=gen) < 0.7
+    visible[:, :, 0] = True
+    for dtype in (torch.bfloat16, torch.float32):
+        out[f"attention {dtype}"] = module.attention_rows(q.to(dtype), keys.to(dtype), values.to(dtype), visible, 0.125)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict[str, Any]]:
+    return {
+        tier: outputs(require_kernels(tier))
+        for tier in dispatch.TIER_NAMES
+        if not dispatch.missing(dispatch.by_name(tier))
+    }
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple):
+        return all(same(x, y) for x, y in zip(a, b, strict=True))
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("tier", OTHERS)
+def test_each_tier_equals_the_portable_one_bit_for_bit(tier: str, results: dict[str, dict[str, Any]]) -> None:
+    if tier not in results:
+        pytest.skip(
+            f"this CPU cannot run the {tier} tier (it lacks {', '.join(dispatch.missing(dispatch.by_name(tier)))})"
+        )
+    ours, portable = results[tier], results["portable"]
+    differ = [key for key in portable if not same(ours[key], portable[key])]
+    expected = [key for key in portable if key.startswith("bf16 ")] if tier == "amx" else []
+    assert differ == expected
+
+
+def test_amx_bf16_differs_by_fp32_rounding_only(results: dict[str, dict[str, Any]]) -> None:
+    if "amx" not in results:
+        pytest.skip(
+            f"this CPU cannot run the amx tier (it lacks {', '.join(dispatch.missing(dispatch.by_name('amx')))})"
+        )
+    for key in (k for k in results["portable"] if k.startswith("bf16 ")):
+        a, b = results["amx"][key].double(), results["portable"][key].double()
+        assert ((a - b).abs() <= 1e-5 * b.abs().max() + 1e-6).all(), key
+
+
+def test_the_tiers_are_ordered_and_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    runnable = [t.name for t in dispatch.runnable()]
+    assert runnable[-1] == "portable" and runnable == [t for t in dispatch.TIER_NAMES if t in runnable]
+    monkeypatch.delenv(dispatch.ISA_ENV, raising=False)
+    assert dispatch.selected().name == runnable[0]
+    for higher, lower in itertools.pairwise(dispatch.TIERS):  # a CPU that runs a tier runs every tier below it
+        assert set(higher.cpu_flags) >= set(lower.cpu_flags)
+    for name in runnable:
+        monkeypatch.setenv(dispatch.ISA_ENV, name.upper())
+        assert dispatch.selected().name == name

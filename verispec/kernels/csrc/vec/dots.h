@@ -1,0 +1,152 @@
+// The integer dot products of the int8 and Q4_K kernels, one implementation per instruction set:
+// for the 16 weight rows of a packed group (one per 32-bit lane, 4 consecutive inputs each) and
+// R activation rows, exact int32 sums of weight code x activation code. Integer sums are exact
+// in any order, so every implementation returns the same integers:
+//   - AVX-512 VNNI: VPDPBUSD (unsigned weight byte x signed activation byte, 4 per lane);
+//   - AVX2: VPMADDUBSW (pairs of unsigned x signed bytes into int16) then VPMADDWD by ones into
+//     int32; the int8 weights go through |q| and sign(p, q) so that no int16 pair sum saturates
+//     (at most 2 * 128 * 127 = 32512), the 4-bit codes need nothing (2 * 15 * 127 = 3810, and up
+//     to 8 groups are summed in int16 before widening: 30480);
+//   - plain C++: the sums as written.
+#pragma once
+
+#include "vec.h"
+
+namespace verispec {
+namespace vec {
+
+// int8 weights stored offset to unsigned, u = q + 128, in groups of 64 bytes (byte 4r + j: row
+// r, input j of the group's 4). s[m] += sum over `groups` groups g of q[r][4g + j] * p_m[4g + j],
+// with p_m's words xw[m][g] (4 activation codes each) and psum[m] the sum of those codes.
+template <int R>
+inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* const* xw, const int32_t* psum, I16* s) {
+#if VS_VEC_AVX512
+  constexpr int U = R <= 3 ? 4 : R <= 6 ? 2 : 1;  // accumulator chains per row (VPDPBUSD latency)
+  __m512i acc[R][U];
+  for (int m = 0; m < R; ++m)
+    for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_si512();
+  int64_t g = 0;
+  for (; g + U <= groups; g += U) {
+    __m512i v[U];
+    for (int u = 0; u < U; ++u) {
+      __builtin_prefetch(w + (g + u) * 64 + 2048);
+      v[u] = _mm512_loadu_si512(w + (g + u) * 64);
+    }
+    for (int m = 0; m < R; ++m)
+      for (int u = 0; u < U; ++u) acc[m][u] = _mm512_dpbusd_epi32(acc[m][u], v[u], _mm512_set1_epi32(xw[m][g + u]));
+  }
+  for (; g < groups; ++g)
+    for (int m = 0; m < R; ++m)
+      acc[m][0] = _mm512_dpbusd_epi32(acc[m][0], _mm512_loadu_si512(w + g * 64), _mm512_set1_epi32(xw[m][g]));
+  for (int m = 0; m < R; ++m) {
+    __m512i t = acc[m][0];
+    for (int u = 1; u < U; ++u) t = _mm512_add_epi32(t, acc[m][u]);
+    // sum u p = sum q p + 128 sum p: take the second term off
+    s[m].v = _mm512_add_epi32(s[m].v, _mm512_sub_epi32(t, _mm512_set1_epi32(128 * psum[m])));
+  }
+#elif VS_VEC_AVX2
+  (void)psum;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {  // weight rows 0-7, then 8-15
+    __m256i acc[R];
+    for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < groups; ++g) {
+      __builtin_prefetch(w + g * 64 + 32 * h + 2048);
+      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32 * h)), flip);
+      const __m256i mag = _mm256_abs_epi8(q);
+      for (int m = 0; m < R; ++m) {
+        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(xw[m][g]), q);
+        acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, signed_x), ones));
+      }
+    }
+    for (int m = 0; m < R; ++m) {
+      __m256i& half = h ? s[m].hi : s[m].lo;
+      half = _mm256_add_epi32(half, acc[m]);
+    }
+  }
+#else
+  (void)psum;
+  for (int m = 0; m < R; ++m) {
+    const int8_t* p = reinterpret_cast<const int8_t*>(xw[m]);
+    for (int r = 0; r < 16; ++r) {
+      int32_t t = 0;
+      for (int64_t g = 0; g < groups; ++g)
+        for (int j = 0; j < 4; ++j) t += (static_cast<int32_t>(w[g * 64 + 4 * r + j]) - 128) * p[4 * g + j];
+      s[m].x[r] += t;
+    }
+  }
+#endif
+}
+
+// Q4_K: 8 groups of 64 bytes, byte 4r + j of group g holding the codes of two sub-blocks of row
+// r (low nibble: input 4g + j of the first, high nibble: of the second). For row m with words
+// xw[m][0..7] (first sub-block's activation codes) and xw[m][8..15] (second's):
+// s0[m] = sum of the low codes x activations, s1[m] = the high ones.
+template <int R>
+inline void q4k_pair(const uint8_t* q, const int32_t* const* xw, I16* s0, I16* s1) {
+#if VS_VEC_AVX512
+  constexpr int U = R <= 2 ? 2 : 1;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512i acc0[R][U], acc1[R][U];
+  for (int m = 0; m < R; ++m)
+    for (int u = 0; u < U; ++u) acc0[m][u] = acc1[m][u] = _mm512_setzero_si512();
+  for (int g = 0; g < 8; g += U) {
+    __m512i lo[U], hi[U];
+    for (int u = 0; u < U; ++u) {
+      const __m512i v = _mm512_loadu_si512(q + 64 * (g + u));
+      lo[u] = _mm512_and_si512(v, nibble);
+      hi[u] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    }
+    for (int m = 0; m < R; ++m)
+      for (int u = 0; u < U; ++u) {
+        acc0[m][u] = _mm512_dpbusd_epi32(acc0[m][u], lo[u], _mm512_set1_epi32(xw[m][g + u]));
+        acc1[m][u] = _mm512_dpbusd_epi32(acc1[m][u], hi[u], _mm512_set1_epi32(xw[m][8 + g + u]));
+      }
+  }
+  for (int m = 0; m < R; ++m) {
+    __m512i a = acc0[m][0], b = acc1[m][0];
+    for (int u = 1; u < U; ++u) {
+      a = _mm512_add_epi32(a, acc0[m][u]);
+      b = _mm512_add_epi32(b, acc1[m][u]);
+    }
+    s0[m].v = a;
+    s1[m].v = b;
+  }
+#elif VS_VEC_AVX2
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {
+    __m256i acc0[R], acc1[R];  // int16 pair sums: at most 8 * 3810 in magnitude
+    for (int m = 0; m < R; ++m) acc0[m] = acc1[m] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * g + 32 * h));
+      const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      for (int m = 0; m < R; ++m) {
+        acc0[m] = _mm256_add_epi16(acc0[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[m][g])));
+        acc1[m] = _mm256_add_epi16(acc1[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[m][8 + g])));
+      }
+    }
+    for (int m = 0; m < R; ++m) {
+      (h ? s0[m].hi : s0[m].lo) = _mm256_madd_epi16(acc0[m], ones);
+      (h ? s1[m].hi : s1[m].lo) = _mm256_madd_epi16(acc1[m], ones);
+    }
+  }
+#else
+  for (int m = 0; m < R; ++m) {
+    const int8_t* p = reinterpret_cast<const int8_t*>(xw[m]);
+    for (int r = 0; r < 16; ++r) {
+      int32_t a = 0, b = 0;
+      for (int g = 0; g < 8; ++g)
+        for (int j = 0; j < 4; ++j) {
+          const uint8_t byte = q[64 * g + 4 * r + j];
+          a += (byte & 15) * p[4 * g + j];
+          b += (byte >> 4) * p[32 + 4 * g + j];
+        }
+      s0[m].x[r] = a;
+      s1[m].x[r] = b;
+    }
+  }
+#endif
+}
+
+}  // namespace vec
+}  // namespace verispec

@@ -1,0 +1,184 @@
+// The projections of the avx512, avx2 and portable tiers (and the few-row int8 / Q4_K calls of
+// the amx tier), written once over vec.h's 16-lane types: the same packed weights and the same
+// arithmetic as the amx tier's tiles (amx/*.cpp document the layouts):
+//
+//   int8   per activation block b (64 inputs): acc = sum p q (int32, exact), then in fp32
+//          t = t + float(acc) * scale_x[b], finally y = t * scale_w + bias (every step rounded)
+//   Q4_K   per block b: S_j = sum p q_j (exact), then u = fma(S_1, ds_1, S_0 * ds_0),
+//          t = fnma(a_1, dm_1, fnma(a_0, dm_0, fma(u, scale_x[b], t))) with a_j = P_j * scale_x[b],
+//          finally y = t + bias
+//   bf16   one fp32 sum per output, from 0, adding w[n][k] * x[m][k] for k = 0, 1, ..., K - 1 in
+//          order with one rounding each (an FMA; the product of two bf16 is exact in fp32), then
+//          + bias and one rounding to bf16 when the output is bf16
+//
+// So int8 and Q4_K give the same bits on every tier, amx included (integer sums are exact in any
+// order and the fp32 steps are these), and bf16 gives the same bits on avx512, avx2 and portable;
+// the amx tier's bf16 adds in TDPBF16PS's order instead (amx/bf16.cpp) and differs from these by
+// fp32 rounding. Each row's result depends on that row alone: an M-row call equals M one-row
+// calls bit for bit on every tier.
+//
+// Cost: each 16-row weight block is read once per call and multiplied into kChunk (int8, Q4_K)
+// or kBf16Rows (bf16) activation rows at a time, the next chunk reading it again from L1/L2, so
+// a pass over 1 to 16 rows is memory-bound until the multiplies catch up.
+#include <algorithm>
+
+#include "common.h"
+#include "dots.h"
+#include "q4k_scales.h"
+
+namespace verispec {
+namespace {
+using namespace vec;
+
+#if VS_VEC_AVX512
+constexpr int kChunk = 8;  // activation rows per pass over a weight block (int8, Q4_K)
+constexpr int kBf16Blocks = 4, kBf16Rows = 4;  // weight blocks x activation rows of one bf16 tile
+#elif VS_VEC_AVX2
+constexpr int kChunk = 4;
+constexpr int kBf16Blocks = 2, kBf16Rows = 2;
+#else
+constexpr int kChunk = 4;
+constexpr int kBf16Blocks = 1, kBf16Rows = 4;
+#endif
+
+inline int valid_columns(int64_t n, int64_t nb) { return static_cast<int>(std::min<int64_t>(n - nb * kRows, kRows)); }
+
+// ------------------------------------------------------------------------------------ int8
+
+template <int R>
+void int8_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
+  const int64_t groups = a.K / 4, nblk = (a.K + 63) / 64, halves = a.K / 32;
+  const uint8_t* blk = a.w + nb * groups * 64;
+  const int32_t* xr[R];
+  F16 t[R];
+  for (int m = 0; m < R; ++m) {
+    xr[m] = reinterpret_cast<const int32_t*>(a.xq + (row0 + m) * a.K);
+    t[m] = zero();
+  }
+  for (int64_t b = 0; b < nblk; ++b) {
+    const int64_t g0 = 16 * b, g1 = std::min<int64_t>(g0 + 16, groups);
+    const int32_t* xw[R];
+    int32_t psum[R];
+    I16 s[R];
+    for (int m = 0; m < R; ++m) {
+      xw[m] = xr[m] + g0;
+      const int32_t* sums = a.xsum + (row0 + m) * halves + 2 * b;
+      psum[m] = 2 * b + 1 < halves ? sums[0] + sums[1] : sums[0];
+      s[m] = izero();
+    }
+    int8_groups<R>(blk + g0 * 64, g1 - g0, xw, psum, s);
+    for (int m = 0; m < R; ++m) t[m] = add(t[m], mul(to_float(s[m]), set1(a.xscale[(row0 + m) * nblk + b])));
+  }
+  const int64_t n0 = nb * kRows;
+  const int nv = valid_columns(a.N, nb);
+  const F16 ws = load(a.wscale + n0);  // scales are padded to a multiple of 16
+  for (int m = 0; m < R; ++m)
+    store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, mul(t[m], ws)), nv);
+}
+
+// ------------------------------------------------------------------------------------ Q4_K
+
+template <int R>
+void q4k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
+  const int64_t nsb = a.K / kQ4KSuper, nblk = a.K / 64, halves = a.K / 32;
+  const uint8_t* rec = a.w + nb * nsb * kQ4KRecord;
+  const int32_t* xr[R];
+  F16 t[R];
+  for (int m = 0; m < R; ++m) {
+    xr[m] = reinterpret_cast<const int32_t*>(a.xq + (row0 + m) * a.K);
+    t[m] = zero();
+  }
+  SubScales s;
+  for (int64_t sb = 0; sb < nsb; ++sb, rec += kQ4KRecord) {
+    // (prefetches never fault: past the row block they fetch the next one, which comes next anyway)
+    for (int line = 0; line < kQ4KRecord; line += 64) __builtin_prefetch(rec + 2 * kQ4KRecord + line);
+    decode_scales(rec, s);
+    for (int i = 0; i < 4; ++i) {
+      const int64_t b = 4 * sb + i;
+      const int32_t* xw[R];
+      for (int m = 0; m < R; ++m) xw[m] = xr[m] + 16 * b;
+      I16 s0[R], s1[R];
+      q4k_pair<R>(rec + kQ4KHeader + 512 * i, xw, s0, s1);
+      for (int m = 0; m < R; ++m)
+        t[m] = q4k_add_pair(s, i, a.xscale[(row0 + m) * nblk + b], a.xmin + (row0 + m) * halves + 2 * b, s0[m], s1[m],
+                            t[m]);
+    }
+  }
+  const int64_t n0 = nb * kRows;
+  const int nv = valid_columns(a.N, nb);
+  for (int m = 0; m < R; ++m) store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, t[m]), nv);
+}
+
+using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
+constexpr auto kInt8Fns = rows_table<kChunk>([](auto r) { return &int8_rows<decltype(r)::value>; });
+constexpr auto kQ4KFns = rows_table<kChunk>([](auto r) { return &q4k_rows<decltype(r)::value>; });
+
+// Every row, kChunk at a time (then the rest) over the same weight block.
+template <typename Table>
+void by_chunks(const W8A8Args& a, int64_t begin, int64_t end, const Table& fns) {
+  const int64_t full = a.M / kChunk, rest = a.M % kChunk;
+  const RowsFn body = pick_rows(fns, kChunk), tail = pick_rows(fns, rest);
+  for (int64_t nb = begin; nb < end; ++nb) {
+    for (int64_t c = 0; c < full; ++c) body(a, nb, c * kChunk);
+    if (tail) tail(a, nb, full * kChunk);
+  }
+}
+
+// ------------------------------------------------------------------------------------ bf16
+
+// G weight blocks from nb times the R activation rows from row0.
+template <int G, int R>
+void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0) {
+  const int64_t pairs = a.K / 2, block = a.K * kRows;  // bf16 values per packed block
+  const uint16_t* w = a.w + nb * block;
+  const uint16_t* x[R];
+  F16 acc[G][R];
+  for (int m = 0; m < R; ++m) {
+    x[m] = a.x + (row0 + m) * a.K;
+    for (int j = 0; j < G; ++j) acc[j][m] = zero();
+  }
+  for (int64_t g = 0; g < pairs; ++g) {
+    F16 even[G], odd[G];
+    for (int j = 0; j < G; ++j) {
+      const uint16_t* p = w + j * block + g * 32;  // one 64-byte line per group
+      __builtin_prefetch(p + 16 * 32);
+      load_bf16_pairs(p, even[j], odd[j]);
+    }
+    for (int m = 0; m < R; ++m) {
+      const F16 xe = set1(bf16_float(x[m][2 * g])), xo = set1(bf16_float(x[m][2 * g + 1]));
+      for (int j = 0; j < G; ++j) {
+        acc[j][m] = fma(even[j], xe, acc[j][m]);
+        acc[j][m] = fma(odd[j], xo, acc[j][m]);
+      }
+    }
+  }
+  for (int j = 0; j < G; ++j) {
+    const int64_t n0 = (nb + j) * kRows;
+    const int nv = valid_columns(a.N, nb + j);
+    for (int m = 0; m < R; ++m)
+      store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, acc[j][m]), nv);
+  }
+}
+
+using Bf16Fn = void (*)(const Bf16Args&, int64_t, int64_t);
+constexpr auto kBf16Fns = rows_table<kBf16Blocks>([](auto g) {
+  return rows_table<kBf16Rows>([](auto r) { return &bf16_tile<decltype(g)::value, decltype(r)::value>; });
+});
+
+}  // namespace
+
+void w8a8_linear_vec(const W8A8Args& a, int64_t begin, int64_t end) { by_chunks(a, begin, end, kInt8Fns); }
+
+void q4k_linear_vec(const W8A8Args& a, int64_t begin, int64_t end) { by_chunks(a, begin, end, kQ4KFns); }
+
+void bf16_linear_vec(const Bf16Args& a, int64_t begin, int64_t end) {
+  for (int64_t nb = begin; nb < end; nb += kBf16Blocks) {
+    const int g = static_cast<int>(std::min<int64_t>(end - nb, kBf16Blocks));
+    for (int64_t row0 = 0; row0 < a.M; row0 += kBf16Rows) {
+      const int r = static_cast<int>(std::min<int64_t>(a.M - row0, kBf16Rows));
+      kBf16Fns[g - 1][r - 1](a, nb, row0);
+    }
+  }
+}
+
+}  // namespace verispec

@@ -1,0 +1,99 @@
+// The packed weight layouts (the same on every tier; see amx/w8a8.cpp, amx/q4k.cpp and
+// amx/bf16.cpp for what they hold and why), the exact Q4_K dequantiser the tests check the
+// packing with, and the memory bandwidth probe.
+#include "common.h"
+#include "q4k_scales.h"
+
+namespace verispec {
+
+// int8 [n, k] row-major -> packed row blocks [begin, end): byte 4r + j of group g is
+// q[16 nb + r][4g + j] + 128 (rows past n hold q = 0).
+void w8a8_pack(const int8_t* q, int64_t n, int64_t k, uint8_t* packed, int64_t begin, int64_t end) {
+  const int64_t groups = k / 4;
+  for (int64_t nb = begin; nb < end; ++nb)
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* dst = packed + (nb * groups + g) * 64;
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = nb * kRows + r;
+        for (int j = 0; j < 4; ++j)  // q + 128 as an unsigned byte is q with its top bit flipped
+          dst[4 * r + j] = static_cast<uint8_t>((row < n ? static_cast<uint8_t>(q[row * k + 4 * g + j]) : 0) ^ 0x80);
+      }
+    }
+}
+
+// GGUF blocks [n, k/256 * 144] -> records of row blocks [begin, end).
+void q4k_pack(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* packed, int64_t begin, int64_t end) {
+  const int64_t nsb = k / kQ4KSuper;
+  for (int64_t nb = begin; nb < end; ++nb)
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      uint8_t* rec = packed + (nb * nsb + sb) * kQ4KRecord;
+      std::memset(rec, 0, kQ4KRecord);
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = nb * kRows + r;
+        if (row >= n) break;  // padding rows stay zero
+        const uint8_t* blk = blocks + (row * nsb + sb) * kQ4KBlock;
+        std::memcpy(rec + 2 * r, blk, 2);           // d
+        std::memcpy(rec + 32 + 2 * r, blk + 2, 2);  // dmin
+        for (int word = 0; word < 3; ++word) std::memcpy(rec + 64 + 64 * word + 4 * r, blk + 4 + 4 * word, 4);
+        const uint8_t* qs = blk + 16;
+        for (int i = 0; i < 4; ++i)
+          for (int g = 0; g < 8; ++g)
+            std::memcpy(rec + kQ4KHeader + 512 * i + 64 * g + 4 * r, qs + 32 * i + 4 * g, 4);
+      }
+    }
+}
+
+// The fp32 weights rows of blocks [begin, end) stand for, computed as ggml and gguf-py do
+// ((d * scale) * q - dmin * min, fp32).
+void q4k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, int64_t end) {
+  const int64_t nsb = k / kQ4KSuper;
+  vec::SubScales s;
+  for (int64_t nb = begin; nb < end; ++nb) {
+    const uint8_t* rec = packed + nb * nsb * kQ4KRecord;
+    for (int64_t sb = 0; sb < nsb; ++sb, rec += kQ4KRecord) {
+      vec::decode_scales(rec, s);
+      for (int i = 0; i < 4; ++i)
+        for (int g = 0; g < 8; ++g)
+          for (int b = 0; b < 64; ++b) {
+            const int r = b / 4;
+            const int64_t col = sb * kQ4KSuper + 64 * i + 4 * g + b % 4;
+            const uint8_t byte = rec[kQ4KHeader + 512 * i + 64 * g + b];
+            float* row = w + (nb * kRows + r) * k;
+            row[col] = s.ds[2 * i][r] * float(byte & 15) - s.dm[2 * i][r];
+            row[col + 32] = s.ds[2 * i + 1][r] * float(byte >> 4) - s.dm[2 * i + 1][r];
+          }
+    }
+  }
+}
+
+// bf16 [n, k] row-major -> packed row blocks [begin, end): bytes 4r .. 4r + 3 of group g are
+// w[16 nb + r][2g], w[16 nb + r][2g + 1].
+void bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed, int64_t begin, int64_t end) {
+  const int64_t pairs = k / 2;
+  for (int64_t nb = begin; nb < end; ++nb) {
+    uint16_t* dst = packed + nb * pairs * kRows * 2;
+    for (int64_t g = 0; g < pairs; ++g)
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = nb * kRows + r;
+        dst[(g * kRows + r) * 2] = row < n ? w[row * k + 2 * g] : 0;
+        dst[(g * kRows + r) * 2 + 1] = row < n ? w[row * k + 2 * g + 1] : 0;
+      }
+  }
+}
+
+uint64_t stream_xor(const uint8_t* p, int64_t bytes) {
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // four chains, vectorised by the compiler
+  int64_t i = 0;
+  for (; i + 32 <= bytes; i += 32) {
+    uint64_t v[4];
+    std::memcpy(v, p + i, 32);
+    s0 ^= v[0];
+    s1 ^= v[1];
+    s2 ^= v[2];
+    s3 ^= v[3];
+  }
+  for (; i < bytes; ++i) s0 ^= p[i];
+  return s0 ^ s1 ^ s2 ^ s3;
+}
+
+}  // namespace verispec

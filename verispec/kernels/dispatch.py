@@ -1,0 +1,128 @@
+"""Which instruction-set tier of the CPU kernels runs here: picked from the CPU, or forced lower.
+
+The kernels come in four tiers, one compiled extension module each (:mod:`verispec.kernels.build`),
+all with the same functions, packed layouts and results (see ``csrc/vec/linear.cpp``):
+
+======== ======================================================== ==============================
+tier     needs                                                    CPUs
+======== ======================================================== ==============================
+amx      AVX-512 F/BW/VL/DQ + BF16 + VNNI, AMX tiles (bf16, int8)  Intel Xeon 4th gen (Sapphire
+                                                                  Rapids) and newer
+avx512   AVX-512 F/BW/VL/DQ + VNNI, FMA, F16C                     AMD Zen 4 / 5, Intel Ice Lake,
+                                                                  Tiger Lake, Xeon 3rd gen
+avx2     AVX2, FMA, F16C                                          every x86-64 CPU since ~2013
+                                                                  (Haswell, Zen 1-3)
+portable plain C++ (the compiler vectorises what it can)          anything else, ARM included
+======== ======================================================== ==============================
+
+int8 and int4 give the same bits on every tier; bf16 gives the same bits on avx512, avx2 and
+portable, and the amx tier's bf16 (AMX's own order of fp32 additions) differs from them by fp32
+rounding. ``$VERISPEC_ISA=amx|avx512|avx2|portable`` forces a tier (for tests and comparisons):
+one this CPU cannot execute is a :class:`~verispec.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from verispec.errors import ConfigError
+
+ISA_ENV = "VERISPEC_ISA"
+
+_VEC = ("vec/pack.cpp", "vec/quantize.cpp", "vec/attention.cpp", "vec/layer_ops.cpp")
+_HEADERS = ("common.h", "vec/vec.h", "vec/dots.h", "vec/q4k_scales.h", "amx/amx.h")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One build of the kernels: its sources (under ``csrc/``), compiler flags, and the
+    ``/proc/cpuinfo`` flags a CPU needs to execute it."""
+
+    name: str
+    sources: tuple[str, ...]
+    flags: tuple[str, ...]
+    cpu_flags: tuple[str, ...]
+    x86_only: bool = True
+
+    @property
+    def headers(self) -> tuple[str, ...]:
+        return _HEADERS
+
+
+_AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-mf16c")
+_AVX512_CPU = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c")
+
+#: The tiers, fastest first.
+TIERS: tuple[Tier, ...] = (
+    Tier(
+        "amx",
+        ("amx/w8a8.cpp", "amx/q4k.cpp", "amx/bf16.cpp", "vec/linear.cpp", *_VEC, "bindings.cpp"),
+        (*_AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mamx-int8", "-DVS_TIER_AMX=1"),
+        (*_AVX512_CPU, "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"),
+    ),
+    Tier("avx512", ("vec/linear.cpp", *_VEC, "bindings.cpp"), _AVX512, _AVX512_CPU),
+    Tier("avx2", ("vec/linear.cpp", *_VEC, "bindings.cpp"), ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),
+    Tier("portable", ("vec/linear.cpp", *_VEC, "bindings.cpp"), (), (), x86_only=False),
+)
+TIER_NAMES = tuple(t.name for t in TIERS)
+
+
+def by_name(name: str) -> Tier:
+    for tier in TIERS:
+        if tier.name == name:
+            return tier
+    raise ConfigError(f"{ISA_ENV} must be one of {', '.join(TIER_NAMES)}, got {name!r}")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The feature flags of this CPU as Linux reports them (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def is_x86_linux() -> bool:
+    return sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def missing(tier: Tier) -> list[str]:
+    """What this machine lacks to execute ``tier`` ([] when it has everything)."""
+    if tier.x86_only and not is_x86_linux():
+        return [f"x86-64 Linux (this is {sys.platform} on {platform.machine()})"]
+    flags = cpu_flags()
+    return [f for f in tier.cpu_flags if f not in flags]
+
+
+def runnable() -> tuple[Tier, ...]:
+    """Every tier this CPU can execute, fastest first (portable always among them)."""
+    return tuple(t for t in TIERS if not missing(t))
+
+
+def best() -> Tier:
+    """The fastest tier this CPU executes."""
+    return runnable()[0]
+
+
+def selected() -> Tier:
+    """The tier the kernels run on: ``$VERISPEC_ISA`` when set (a tier this CPU executes, else a
+    :class:`ConfigError` naming what it lacks), otherwise :func:`best`."""
+    forced = os.environ.get(ISA_ENV, "").strip().lower()
+    if not forced:
+        return best()
+    tier = by_name(forced)
+    lacks = missing(tier)
+    if lacks:
+        raise ConfigError(
+            f"{ISA_ENV}={tier.name} needs a CPU with {', '.join(tier.cpu_flags)}; this one lacks "
+            f"{', '.join(lacks)}: unset it, or choose one of {', '.join(t.name for t in runnable())}"
+        )
+    return tier
