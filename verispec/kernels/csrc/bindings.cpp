@@ -191,6 +191,8 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n,
   Bf16Args a{};
   a.w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   a.x = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  const at::Tensor xf = kHasAmx ? at::Tensor() : xc.to(at::kFloat);  // [M, K]: the vector kernels' broadcasts
+  a.xf = kHasAmx ? nullptr : xf.data_ptr<float>();
   a.bias = bias_pointer(bias, n);
   a.y = y.data_ptr();
   a.M = x.size(0);

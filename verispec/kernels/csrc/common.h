@@ -111,6 +111,7 @@ void silu_mul_rows(const uint16_t* gate, const uint16_t* up, int64_t stride, uin
 struct Bf16Args {
   const uint16_t* w;  // packed bf16 weights (the pair layout of amx/bf16.cpp)
   const uint16_t* x;  // [M, K] bf16 activations
+  const float* xf;    // the same activations widened to fp32 (exactly), for the vector kernels
   const float* bias;  // [N] fp32, or null
   void* y;            // [M, N] fp32 or bf16
   int64_t M, N, K;

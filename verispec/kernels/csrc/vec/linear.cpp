@@ -18,7 +18,7 @@
 // calls bit for bit on every tier.
 //
 // Cost: each 16-row weight block is read once per call and multiplied into kChunk (int8, Q4_K)
-// or kBf16Rows (bf16) activation rows at a time, the next chunk reading it again from L1/L2, so
+// or a tiling's rows (bf16) activation rows at a time, the next chunk reading it again from L1/L2, so
 // a pass over 1 to 16 rows is memory-bound until the multiplies catch up.
 #include <algorithm>
 
@@ -30,16 +30,25 @@ namespace verispec {
 namespace {
 using namespace vec;
 
+// Tilings of the bf16 kernel: G weight blocks x R activation rows of accumulators in registers,
+// one for calls of few rows (several weight streams in flight) and one for more rows (fewer
+// splits of each weight pair per multiply). The sums are the same whatever the tiling: a lane's
+// chain of FMAs over k does not depend on G or R.
+struct Tiling {
+  int blocks, rows;
+};
 #if VS_VEC_AVX512
 constexpr int kChunk = 8;  // activation rows per pass over a weight block (int8, Q4_K)
-constexpr int kBf16Blocks = 4, kBf16Rows = 4;  // weight blocks x activation rows of one bf16 tile
+constexpr Tiling kFewRows{4, 4}, kManyRows{2, 8};  // 16 or 32 vector registers
 #elif VS_VEC_AVX2
 constexpr int kChunk = 4;
-constexpr int kBf16Blocks = 2, kBf16Rows = 2;
+constexpr Tiling kFewRows{2, 2}, kManyRows{1, 4};  // 16 registers: (2 x 2 spills a little, but streams two)
 #else
 constexpr int kChunk = 4;
-constexpr int kBf16Blocks = 1, kBf16Rows = 4;
+constexpr Tiling kFewRows{1, 4}, kManyRows{1, 4};
 #endif
+constexpr int kBf16Blocks = kFewRows.blocks > kManyRows.blocks ? kFewRows.blocks : kManyRows.blocks;
+constexpr int kBf16Rows = kFewRows.rows > kManyRows.rows ? kFewRows.rows : kManyRows.rows;
 
 inline int valid_columns(int64_t n, int64_t nb) { return static_cast<int>(std::min<int64_t>(n - nb * kRows, kRows)); }
 
@@ -131,10 +140,10 @@ template <int G, int R>
 void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0) {
   const int64_t pairs = a.K / 2, block = a.K * kRows;  // bf16 values per packed block
   const uint16_t* w = a.w + nb * block;
-  const uint16_t* x[R];
+  const float* x[R];  // (fp32: a broadcast is then one load)
   F16 acc[G][R];
   for (int m = 0; m < R; ++m) {
-    x[m] = a.x + (row0 + m) * a.K;
+    x[m] = a.xf + (row0 + m) * a.K;
     for (int j = 0; j < G; ++j) acc[j][m] = zero();
   }
   for (int64_t g = 0; g < pairs; ++g) {
@@ -145,7 +154,7 @@ void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0) {
       load_bf16_pairs(p, even[j], odd[j]);
     }
     for (int m = 0; m < R; ++m) {
-      const F16 xe = set1(bf16_float(x[m][2 * g])), xo = set1(bf16_float(x[m][2 * g + 1]));
+      const F16 xe = set1(x[m][2 * g]), xo = set1(x[m][2 * g + 1]);
       for (int j = 0; j < G; ++j) {
         acc[j][m] = fma(even[j], xe, acc[j][m]);
         acc[j][m] = fma(odd[j], xo, acc[j][m]);
@@ -172,10 +181,11 @@ void w8a8_linear_vec(const W8A8Args& a, int64_t begin, int64_t end) { by_chunks(
 void q4k_linear_vec(const W8A8Args& a, int64_t begin, int64_t end) { by_chunks(a, begin, end, kQ4KFns); }
 
 void bf16_linear_vec(const Bf16Args& a, int64_t begin, int64_t end) {
-  for (int64_t nb = begin; nb < end; nb += kBf16Blocks) {
-    const int g = static_cast<int>(std::min<int64_t>(end - nb, kBf16Blocks));
-    for (int64_t row0 = 0; row0 < a.M; row0 += kBf16Rows) {
-      const int r = static_cast<int>(std::min<int64_t>(a.M - row0, kBf16Rows));
+  const Tiling tile = a.M <= kFewRows.rows ? kFewRows : kManyRows;
+  for (int64_t nb = begin; nb < end; nb += tile.blocks) {
+    const int g = static_cast<int>(std::min<int64_t>(end - nb, tile.blocks));
+    for (int64_t row0 = 0; row0 < a.M; row0 += tile.rows) {
+      const int r = static_cast<int>(std::min<int64_t>(a.M - row0, tile.rows));
       kBf16Fns[g - 1][r - 1](a, nb, row0);
     }
   }
