@@ -122,8 +122,9 @@ def build(
         from verispec.formats.registry import verispec_home
 
         costs = load_or_calibrate(
-            target_model.model, target_model.name, verispec_home(), batch_sizes=sorted({1, max_batch})
-        )
+            target_model.model, target_model.name, verispec_home(), batch_sizes=sorted({1, max_batch}),
+            progress=progress,
+        )  # fmt: skip
         policy = make_policy(config, speculative=True, costs=costs)
     engine = Engine(target_model.model, target_model.tokenizer, d, config, vocab_limit=vocab, policy=policy)
     return Pipeline(engine, target_model, draft_model)

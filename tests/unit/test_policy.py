@@ -62,8 +62,14 @@ def test_budget_caps_the_draft() -> None:
 
 def test_calibration_is_measured_once_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target, _ = tiny_pair(8)
-    table = load_or_calibrate(target, "tiny", tmp_path, batch_sizes=(1, 2), widths=(1, 3), repeats=1, context=8)
+    seen: list[tuple[str, int, int]] = []
+    table = load_or_calibrate(
+        target, "tiny", tmp_path, batch_sizes=(1, 2), widths=(1, 3), repeats=1, context=8,
+        progress=lambda *event: seen.append(event),
+    )  # fmt: skip
     assert set(table.seconds) == {(1, 1), (1, 3), (2, 1), (2, 3)}
+    # progress after the prefill and after every pass (a warm-up and one timed pass per point)
+    assert seen == [("calibrate", i, 9) for i in range(1, 10)]
     assert all(s > 0 for s in table.seconds.values())
     assert table.relative(1)[1] == 1.0
 

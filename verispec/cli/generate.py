@@ -54,11 +54,16 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     check_text("prompt", args.prompt)  # before any model loads
     err = Console(stderr=True)
-    with err.status("loading models (prepare them once with `verispec models prepare`)", spinner="dots"):
+    with err.status("loading models (prepare them once with `verispec models prepare`)", spinner="dots") as status:
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage == "calibrate":  # the first speculative run of a model on this machine
+                status.update(f"measuring the target's pass costs on this machine, once: pass {done}/{total}")
+
         pipe = build(
             args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
             draft_dtype=args.draft_dtype, device=args.device, max_batch=1, max_len=args.max_len,
-            draft_head=args.draft_vocab,
+            draft_head=args.draft_vocab, progress=progress,
         )  # fmt: skip
     prompt = chat_prompt(pipe.target, args.prompt) if args.chat else args.prompt
     engine = pipe.engine

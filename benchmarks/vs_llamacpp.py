@@ -1,0 +1,281 @@
+"""verispec against llama.cpp on the CPU, on the same GGUF pair and prompts, in one run.
+
+The default pair (Qwen2.5-Coder-1.5B-Instruct Q4_K_M target, 0.5B draft; ``verispec models
+prepare``), the first ``--prompts`` HumanEval prompts, greedy, batch 1, ``--tokens`` new tokens,
+the same ``--threads`` for everyone. For every prompt, in rotating order so that a busy spell of
+the (shared) machine hits all of them alike:
+
+- **llama.cpp plain**: ``llama-server -m TARGET`` (end to end: prompt + generation, from the
+  server's own timings), and once, ``llama-bench -p 0 -n TOKENS`` (text generation only);
+- **llama.cpp spec (server)**: ``llama-server -m TARGET -md DRAFT --spec-type draft-simple``;
+- **llama.cpp spec (simple)**: ``llama-speculative-simple`` with the same pair (its printed decode
+  speed: generation only, the prompt excluded);
+- **verispec plain** at each target precision of ``--configs``, and **verispec spec** for each
+  ``TARGET:DRAFT`` precision pair of ``--configs`` (K auto, ``--draft-vocab``).
+
+Reported: median tokens/s per configuration, acceptance (accepted / drafted draft tokens),
+whether each speculative output equals its own plain output token for token (llama.cpp: the
+text), and the ratios the issue sets targets for: verispec's best speculative / llama.cpp plain,
+verispec plain int4 / llama.cpp plain, verispec's best / llama.cpp's best speculative.
+
+llama.cpp comes from ``../shared/tools/build-llamacpp.sh`` (``--llama-cpp BIN``, default the folder
+it builds into); without it the llama.cpp rows are skipped with a message. Where llama.cpp's AMX
+path dies with an illegal instruction on batched passes (its worker threads lack the AMX
+permission on some kernels), the run retries it with ``--no-repack`` and says so.
+
+    python benchmarks/vs_llamacpp.py [--prompts 5] [--tokens 128] [--threads 2]
+        [--configs int4:int8,bf16:int8] [--draft-vocab 32768] [--draft-max 4] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.bench.prompts import humaneval_prompts
+from verispec.config import SamplingParams
+from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.formats.registry import GGUF_FILE, model_dir
+from verispec.pipeline import build
+
+LLAMA_CPP_BIN = Path.home() / ".cache/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
+
+
+def verispec_run(engine: Any, ids: list[int], tokens: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    out = engine.generate([ids], SamplingParams(temperature=0, max_tokens=tokens))[0]
+    seconds = time.perf_counter() - start
+    return {
+        "tokens": list(out.token_ids), "tps": len(out.token_ids) / seconds, "seconds": seconds,
+        "drafted": out.stats.num_draft_tokens, "accepted": out.stats.num_accepted_tokens,
+    }  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaServer:
+    """One ``llama-server`` process for the duration of a ``with`` block."""
+
+    def __init__(self, binary: Path, args: list[str]) -> None:
+        self.port = free_port()
+        self.cmd = [str(binary), *args, "--host", "127.0.0.1", "--port", str(self.port), "-np", "1"]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LlamaServer:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError("llama-server did not come up in 120 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+    def complete(self, prompt: str, tokens: int) -> dict[str, Any]:
+        body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1, "cache_prompt": False,
+                "seed": 0, "ignore_eos": False}  # fmt: skip
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        start = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=1800) as r:
+                out = json.loads(r.read())
+        except OSError as exc:
+            assert self.proc is not None
+            raise RuntimeError(f"llama-server failed (exit {self.proc.poll()}): {exc}") from exc
+        wall = time.perf_counter() - start
+        t = out.get("timings", {})
+        n = int(t.get("predicted_n", 0))
+        seconds = (t.get("prompt_ms", 0.0) + t.get("predicted_ms", 0.0)) / 1e3 or wall
+        return {"text": out.get("content", ""), "tps": n / seconds if seconds else 0.0, "seconds": seconds,
+                "wall": wall, "drafted": int(t.get("draft_n", 0)),
+                "accepted": int(t.get("draft_n_accepted", 0))}  # fmt: skip
+
+
+def speculative_simple(binary: Path, target: Path, draft: Path, prompt: str, args: argparse.Namespace,
+                       extra: list[str]) -> dict[str, Any]:  # fmt: skip
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(prompt)
+    try:
+        cmd = [str(binary), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-t",
+               str(args.threads), "-td", str(args.threads), "-f", f.name, "-n", str(args.tokens), "--temp", "0",
+               "--spec-draft-n-max", str(args.draft_max), *extra]  # fmt: skip
+        run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800)
+    finally:
+        os.unlink(f.name)
+    if run.returncode != 0:
+        raise RuntimeError(f"llama-speculative-simple exited with {run.returncode}")
+    log = run.stderr
+    decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    drafted = re.search(r"n_drafted\s*=\s*(\d+)", log)
+    accepted = re.search(r"n_accept\s*=\s*(\d+)", log)
+    if decoded is None:
+        raise RuntimeError("could not read llama-speculative-simple's timings")
+    n, seconds = int(decoded.group(1)), float(decoded.group(2))
+    # stdout is the prompt as detokenised, then the generation
+    text = run.stdout[run.stdout.find(prompt) + len(prompt) :] if prompt in run.stdout else run.stdout[len(prompt) :]
+    return {"text": text, "tps": n / seconds, "seconds": seconds, "drafted": int(drafted.group(1)) if drafted else 0,
+            "accepted": int(accepted.group(1)) if accepted else 0}  # fmt: skip
+
+
+def llama_bench(binary: Path, target: Path, args: argparse.Namespace, extra: list[str]) -> float | None:
+    cmd = [str(binary), "-m", str(target), "-t", str(args.threads), "-p", "0", "-n", str(args.tokens), "-r", "3",
+           "-o", "json", *extra]  # fmt: skip
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800)
+    if run.returncode != 0:
+        return None
+    rows = json.loads(run.stdout)
+    return float(rows[0]["avg_ts"]) if rows else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--configs", default="int4:int8,bf16:int8", help="verispec TARGET:DRAFT precisions")
+    ap.add_argument("--draft-vocab", type=int, default=32768, help="verispec restricted draft head (0: off)")
+    ap.add_argument("--draft-max", type=int, default=4, help="llama.cpp --spec-draft-n-max")
+    ap.add_argument("--llama-cpp", type=Path, default=LLAMA_CPP_BIN)
+    ap.add_argument("--no-llama", dest="llama", action="store_false")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    pairs = [tuple(c.split(":")) for c in args.configs.split(",")]
+    target_gguf, draft_gguf = model_dir(DEFAULT_TARGET) / GGUF_FILE, model_dir(DEFAULT_DRAFT) / GGUF_FILE
+    texts = humaneval_prompts()[: args.prompts]
+
+    runners: dict[str, Any] = {}
+    plains = {}
+    for target_dtype in dict.fromkeys(t for t, _ in pairs):
+        plains[target_dtype] = build(DEFAULT_TARGET, None, drafter="none", dtype=target_dtype, max_batch=1,
+                                     max_len=2048)  # fmt: skip
+        runners[f"verispec plain {target_dtype}"] = lambda text, p=plains[target_dtype]: verispec_run(
+            p.engine, p.target.tokenizer.encode(text), args.tokens
+        )
+    for target_dtype, draft_dtype in pairs:
+        spec = build(DEFAULT_TARGET, DEFAULT_DRAFT, drafter="model", dtype=target_dtype, draft_dtype=draft_dtype,
+                     max_batch=1, max_len=2048, draft_head=args.draft_vocab or None)  # fmt: skip
+        runners[f"verispec spec {target_dtype}/{draft_dtype}"] = lambda text, s=spec: verispec_run(
+            s.engine, s.target.tokenizer.encode(text), args.tokens
+        )
+
+    notes: list[str] = []
+    tg = None
+    bin_dir: Path = args.llama_cpp
+    if args.llama and (bin_dir / "llama-server").exists():
+        extra: list[str] = []
+        base = ["-m", str(target_gguf), "-t", str(args.threads), "-c", "4096"]
+        spec_args = [*base, "-md", str(draft_gguf), "--spec-type", "draft-simple", "-td", str(args.threads),
+                     "--spec-draft-n-max", str(args.draft_max)]  # fmt: skip
+        try:
+            with LlamaServer(bin_dir / "llama-server", spec_args) as srv:
+                srv.complete(texts[0], 8)
+        except RuntimeError as exc:
+            extra = ["--no-repack"]
+            notes.append(f"llama.cpp failed with its default weight repacking ({exc}); measured with --no-repack")
+        tg = llama_bench(bin_dir / "llama-bench", target_gguf, args, [])
+        runners["llama.cpp plain (server)"] = lambda text: _served(bin_dir, [*base, *extra], text, args.tokens)
+        runners["llama.cpp spec (server)"] = lambda text: _served(bin_dir, [*spec_args, *extra], text, args.tokens)
+        runners["llama.cpp spec (simple)"] = lambda text: speculative_simple(
+            bin_dir / "llama-speculative-simple", target_gguf, draft_gguf, text, args, extra
+        )
+    elif args.llama:
+        notes.append(f"llama.cpp is not built in {bin_dir} (../shared/tools/build-llamacpp.sh): its rows are skipped")
+
+    for name, run in runners.items():  # warm-up: allocators, page mappings, calibration
+        if name.startswith("verispec"):
+            run(texts[0][:200])
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
+    names = list(runners)
+    for i, text in enumerate(texts):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in order:
+            results[name].append(runners[name](text))
+            print(f"prompt {i + 1}/{len(texts)} {name}: {results[name][-1]['tps']:.2f} tok/s", flush=True)
+
+    med = {name: statistics.median(r["tps"] for r in rs) for name, rs in results.items()}
+    accept = {
+        name: sum(r["accepted"] for r in rs) / max(sum(r["drafted"] for r in rs), 1)
+        for name, rs in results.items()
+        if " spec" in name
+    }
+    same: dict[str, list[bool]] = {}
+    for name, rs in results.items():
+        if name.startswith("verispec spec"):
+            plain = results[f"verispec plain {name.split()[-1].split('/')[0]}"]
+            same[name] = [a["tokens"] == b["tokens"] for a, b in zip(rs, plain, strict=True)]
+        elif name.startswith("llama.cpp spec"):
+            plain = results["llama.cpp plain (server)"]
+            # (speculative-simple may overshoot the token budget by a draft: one output is a prefix of the other)
+            same[name] = [_prefix_equal(a["text"], b["text"]) for a, b in zip(rs, plain, strict=True)]
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")  # fmt: skip
+    print(f"\n### verispec vs llama.cpp: {cpu}, {args.threads} threads, {len(texts)} HumanEval prompts, "
+          f"{args.tokens} tokens, greedy, batch 1")  # fmt: skip
+    print("| configuration | median tok/s | acceptance | spec == plain |\n|---|---|---|---|")
+    for name, v in med.items():
+        flags = same.get(name)
+        print(f"| {name} | {v:.2f} | {accept.get(name, float('nan')):.3f} | "
+              f"{'-' if flags is None else f'{sum(flags)}/{len(flags)}'} |")  # fmt: skip
+    if tg is not None:
+        print(f"| llama.cpp plain (llama-bench tg{args.tokens}) | {tg:.2f} | - | - |")
+    ratios: dict[str, float] = {}
+    best_spec = max((v for n, v in med.items() if n.startswith("verispec spec")), default=None)
+    llama_plain = med.get("llama.cpp plain (server)")
+    if best_spec is not None and llama_plain:
+        ratios["verispec best spec / llama.cpp plain"] = best_spec / llama_plain
+        llama_spec = max(v for n, v in med.items() if n.startswith("llama.cpp spec"))
+        ratios["verispec best spec / llama.cpp best spec"] = best_spec / llama_spec
+        if "verispec plain int4" in med:
+            ratios["verispec plain int4 / llama.cpp plain"] = med["verispec plain int4"] / llama_plain
+    for name, v in ratios.items():
+        print(f"{name}: {v:.2f}x")
+    for note in notes:
+        print(f"note: {note}")
+    if args.json is not None:
+        payload = {"args": {k: str(v) for k, v in vars(args).items()}, "cpu": cpu, "median_tps": med,
+                   "llama_bench_tg": tg, "acceptance": accept, "identical": same, "ratios": ratios, "notes": notes,
+                   "runs": {n: [{k: v for k, v in r.items() if k not in ("tokens", "text")} for r in rs]
+                            for n, rs in results.items()}}  # fmt: skip
+        args.json.write_text(json.dumps(payload, indent=2))
+
+
+def _prefix_equal(a: str, b: str) -> bool:
+    a, b = a.strip(), b.strip()
+    return bool(a and b) and (a.startswith(b) or b.startswith(a))
+
+
+def _served(bin_dir: Path, server_args: list[str], text: str, tokens: int) -> dict[str, Any]:
+    """One completion from a server started for it (no idle server spins beside the others)."""
+    with LlamaServer(bin_dir / "llama-server", server_args) as srv:
+        return srv.complete(text, tokens)
+
+
+if __name__ == "__main__":
+    main()
