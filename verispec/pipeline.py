@@ -55,6 +55,56 @@ def check_device(device: str) -> str:
     raise ConfigError(f"unknown device {device!r}; use cpu or cuda")
 
 
+#: The draft head of the machine defaults: the first 32768 token ids (and the stop ids).
+DEFAULT_DRAFT_HEAD = 32768
+
+
+@dataclass(frozen=True)
+class MachineDefaults:
+    """The precisions and draft head :func:`machine_defaults` picks, and why (one line)."""
+
+    dtype: DTypeName
+    draft_dtype: DTypeName
+    draft_head: int | None
+    why: str
+
+    def flags(self) -> str:
+        head = f" --draft-vocab {self.draft_head}" if self.draft_head else ""
+        return f"--dtype {self.dtype} --draft-dtype {self.draft_dtype}{head} --k auto"
+
+
+def machine_defaults(
+    target: str | os.PathLike[str] = DEFAULT_TARGET,
+    draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
+    device: str = "cpu",
+) -> MachineDefaults:
+    """The fastest configuration this machine runs exactly (every choice keeps the output law the
+    target precision's own; only speed differs): on a CPU whose tier of verispec's kernels is a
+    vector one (:mod:`verispec.kernels.dispatch`), an int4 target when its file has Q4_K weights
+    (used exactly: a decode pass reads a third of bf16's bytes) else bf16, an int8 draft (its
+    precision only moves the acceptance rate) scoring the first 32768 token ids when its vocabulary
+    is much larger; elsewhere (CUDA, or a CPU where only the portable tier builds) bf16 on torch's
+    kernels. K is chosen per step from measured costs in every case."""
+    if device != "cpu":
+        return MachineDefaults("bf16", "bf16", None, f"on {device}: bf16 target and draft on torch's kernels")
+    from verispec.formats.loader import bf16_kernel_usable, has_q4k_weights
+    from verispec.kernels import dispatch
+
+    if not bf16_kernel_usable():
+        why = "verispec's vector kernels do not run here: bf16 on torch's kernels"
+        return MachineDefaults("bf16", "bf16", None, why)
+    tier = dispatch.selected().name
+    q4k = has_q4k_weights(target)
+    config = peek_config(draft) if draft is not None else None
+    head = DEFAULT_DRAFT_HEAD if config is not None and config.vocab_size > 2 * DEFAULT_DRAFT_HEAD else None
+    target_why = "int4 target (the file's Q4_K weights exactly)" if q4k else "bf16 target (no Q4_K weights to use)"
+    head_why = f" scoring {head} of {config.vocab_size} ids" if head and config is not None else ""
+    return MachineDefaults(
+        "int4" if q4k else "bf16", "int8", head,
+        f"{tier} kernels: {target_why}, int8 draft{head_why}, K per step from measured costs",
+    )  # fmt: skip
+
+
 def build(
     target: str | os.PathLike[str] = DEFAULT_TARGET,
     draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,

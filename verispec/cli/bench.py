@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from verispec.cli.options import add_model_options, add_sampling_options, sampling_params
+from verispec.cli.options import add_model_options, add_sampling_options, resolve_precisions, sampling_params
 
 EPILOG = """\
 examples:
@@ -85,11 +86,14 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     prompts = {name: prompt_set(name, args.chat_source)[: args.num_prompts] for name in sets}
     err = Console(stderr=True)
+    picked = resolve_precisions(args)  # (said once the models load: a bad option fails alone, in one line)
     with err.status("loading models", spinner="dots"):
         pipe = build(
             args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
             draft_dtype=args.draft_dtype, device=args.device, max_batch=1, draft_head=args.draft_vocab,
         )  # fmt: skip
+    if picked:
+        print(picked, file=sys.stderr)
     spec = pipe.engine
     plain = Engine(
         pipe.target.model,

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
-from verispec.cli.options import add_model_options, add_prompt_options, float_list, int_list, load_prompts
+from verispec.cli.options import (
+    add_model_options,
+    add_prompt_options,
+    float_list,
+    int_list,
+    load_prompts,
+    resolve_precisions,
+)
 
 EPILOG = """\
 examples:
@@ -187,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             from verispec.bench.local import local_pipelines, serve_pair
 
+            picked = resolve_precisions(args)  # (said once the models load: a bad option fails alone, in one line)
+
             with err.status("loading models (prepare them once with `verispec models prepare`)", spinner="dots"):
                 pipes = local_pipelines(
                     args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
@@ -194,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
                         [*args.concurrency, 1]), max_len=args.max_len, draft_head=args.draft_vocab,
                 )  # fmt: skip
                 local_base, local_spec = serve_pair(stack, *pipes)
+            if picked:
+                print(picked, file=sys.stderr)
             base = Deployment("baseline", local_base.url, None, None, local_base)
             spec = Deployment("spec", local_spec.url, None, None, local_spec)
             pair = {"target": pipes[1].target.name, "draft": pipes[1].draft.name if pipes[1].draft else None,

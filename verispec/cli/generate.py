@@ -8,7 +8,7 @@ import statistics
 import sys
 from typing import Any
 
-from verispec.cli.options import add_model_options, add_sampling_options, sampling_params
+from verispec.cli.options import add_model_options, add_sampling_options, resolve_precisions, sampling_params
 
 EPILOG = """\
 examples:
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     check_text("prompt", args.prompt)  # before any model loads
     err = Console(stderr=True)
+    picked = resolve_precisions(args)  # (said once the models load: a bad option fails alone, in one line)
     with err.status("loading models (prepare them once with `verispec models prepare`)", spinner="dots") as status:
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -65,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
             draft_dtype=args.draft_dtype, device=args.device, max_batch=1, max_len=args.max_len,
             draft_head=args.draft_vocab, progress=progress,
         )  # fmt: skip
+    if picked:
+        print(picked, file=sys.stderr)
     prompt = chat_prompt(pipe.target, args.prompt) if args.chat else args.prompt
     engine = pipe.engine
     rid = engine.add_request(prompt, params)

@@ -60,12 +60,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        default="bf16",
+        default=None,
         choices=PRECISIONS,
-        help="precision of the target (default bf16; fp32 is the exact reference; int8 / int4: quantised "
-        "projection weights (per-channel int8; int4 = a GGUF's Q4_K blocks exactly) times activations "
-        "quantised to int8 per block of 64 inputs, exact integer sums; they need a CPU with AVX-512 VNNI / BF16 "
-        "and AMX and compile their kernels on first use)",
+        help="precision of the target (default: picked for this machine and printed: int4 on a CPU where "
+        "verispec's vector kernels run and the target has Q4_K weights, else bf16). fp32 is the exact "
+        "reference; int8 / int4: quantised projection weights (per-channel int8; int4 = a GGUF's Q4_K blocks "
+        "exactly) times activations quantised to int8 per block of 64 inputs, exact integer sums, on verispec's "
+        "CPU kernels (compiled on first use for this CPU's instruction set)",
     )
     p.add_argument(
         "--draft-dtype",
@@ -80,6 +81,25 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="score only token ids below N (plus the stop tokens) with the draft model: a cheaper draft "
         "head, still exact (default: the full vocabulary)",
     )  # fmt: skip
+
+
+def resolve_precisions(args: argparse.Namespace) -> str | None:
+    """Fill in ``--dtype`` (and, unless given, ``--draft-dtype`` and ``--draft-vocab``) with the
+    machine's defaults (:func:`verispec.pipeline.machine_defaults`) when ``--dtype`` was not given;
+    returns the one line that says what was picked and why, or None when the user chose."""
+    if args.dtype is not None:
+        return None
+    from verispec.names import MODEL_DRAFTERS
+    from verispec.pipeline import machine_defaults
+
+    uses_draft = args.drafter in MODEL_DRAFTERS
+    picked = machine_defaults(args.target, args.draft if uses_draft else None, args.device)
+    args.dtype = picked.dtype
+    if args.draft_dtype is None:
+        args.draft_dtype = picked.draft_dtype
+    if args.draft_vocab is None and uses_draft:
+        args.draft_vocab = picked.draft_head
+    return f"picked {picked.flags()} for this machine: {picked.why}"
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:

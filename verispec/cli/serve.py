@@ -10,7 +10,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from verispec.cli.options import add_model_options, host, port
+from verispec.cli.options import add_model_options, host, port, resolve_precisions
 
 EPILOG = """\
 examples:
@@ -122,12 +122,15 @@ def run(args: argparse.Namespace) -> int:
         # the name (or address) clients use to reach it must pass the Host check too
         config = replace(config, allowed_hosts=(*config.allowed_hosts, args.host.lower()))
     err = Console(stderr=True)
+    picked = resolve_precisions(args)  # (said once the models load: a bad option fails alone, in one line)
     with err.status("loading models (prepare them once with `verispec models prepare`)", spinner="dots"):
         pipe = build(
             args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
             draft_dtype=args.draft_dtype, device=args.device, max_batch=args.max_batch, max_len=args.max_len,
             draft_head=args.draft_vocab,
         )  # fmt: skip
+    if picked:
+        print(picked, file=sys.stderr)
     app = create_app(pipe, config)
     runner = app.state.server.runner
     names = ", ".join(app.state.server.names)

@@ -273,6 +273,22 @@ def peek_config(spec: str | os.PathLike[str], home: Path | None = None) -> Model
     return None
 
 
+def has_q4k_weights(spec: str | os.PathLike[str], home: Path | None = None) -> bool:
+    """Whether ``spec`` is (or was prepared from) a GGUF file with Q4_K weights, which the int4
+    precision uses exactly; read from the file's header only. False when it cannot tell."""
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    gguf = model_dir(text, home) / GGUF_FILE if text in MODELS else path / GGUF_FILE if path.is_dir() else path
+    if gguf.suffix != ".gguf" or not gguf.is_file():
+        return False
+    try:
+        from verispec.formats.gguf_file import GGUFFile
+
+        return any(t.type_name == "Q4_K" for t in GGUFFile(gguf).tensors.values())
+    except VerispecError:
+        return False  # the loader says what is wrong with it
+
+
 def load_model(
     spec: str | os.PathLike[str],
     *,
