@@ -256,6 +256,7 @@ def test_a_cpu_without_the_instructions_gets_a_config_error(monkeypatch: pytest.
     from verispec.kernels import build, dispatch
 
     monkeypatch.setattr(build._STATE, "modules", {})
+    monkeypatch.setattr(build._STATE, "by_env", {})
     monkeypatch.setattr(dispatch, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))  # a Zen 3
     monkeypatch.setenv("VERISPEC_ISA", "amx")
     for call in (build.load, lambda: check_precision("int4", "cpu")):

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
-from verispec.kernels.dispatch import TIERS, Tier, by_name, missing, selected
+from verispec.kernels.dispatch import ISA_ENV, TIERS, Tier, by_name, missing, selected
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ _FALLBACK = "use --dtype bf16 (or fp32), which runs on torch's kernels"
 class _State:
     def __init__(self) -> None:
         self.modules: dict[str, Any] = {}  # by tier name
+        self.by_env: dict[str, Any] = {}  # by the value of $VERISPEC_ISA ("" unset) that picked it
         self.seconds: dict[str, float] = {}
 
 
@@ -133,9 +134,15 @@ def load(home: Path | None = None, tier: str | None = None) -> Any:
 
     Raises :class:`ConfigError` when the CPU, the compiler or ninja is missing, when the build
     fails, or when the operating system refuses this process the AMX state."""
+    if tier is None:  # the hot path (every projection asks): the module already picked for this $VERISPEC_ISA
+        module = _STATE.by_env.get(os.environ.get(ISA_ENV, ""))
+        if module is not None:
+            return module
     chosen = by_name(tier) if tier else selected()
     module = _STATE.modules.get(chosen.name)
     if module is not None:
+        if tier is None:
+            _STATE.by_env[os.environ.get(ISA_ENV, "")] = module
         return module
     check_buildable(chosen)
     from torch.utils.cpp_extension import load as load_extension
@@ -179,6 +186,8 @@ def load(home: Path | None = None, tier: str | None = None) -> Any:
             "grants it on request): set VERISPEC_ISA=avx512"
         )
     _STATE.modules[chosen.name], _STATE.seconds[chosen.name] = module, seconds
+    if tier is None:
+        _STATE.by_env[os.environ.get(ISA_ENV, "")] = module
     return module
 
 

@@ -23,6 +23,7 @@ one this CPU cannot execute is a :class:`~verispec.errors.ConfigError`.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -79,7 +80,12 @@ def by_name(name: str) -> Tier:
 
 
 def cpu_flags() -> frozenset[str]:
-    """The feature flags of this CPU as Linux reports them (empty elsewhere)."""
+    """The feature flags of this CPU as Linux reports them (empty elsewhere); read once."""
+    return _cpu_flags()
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
