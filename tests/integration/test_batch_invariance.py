@@ -41,8 +41,10 @@ def model(precision: str, seed: int = 0, noise: float = 0.0, kernels: bool = Tru
         sd = {
             k: v + noise * v.std() * torch.randn(v.shape, generator=gen) if v.numel() > 1 else v for k, v in sd.items()
         }
-    if precision == "int8":
+    if precision in ("int8", "mixed"):
         packed = packing.pack(packing.WeightSource(state_dict=sd), config(), "int8")
+        if precision == "mixed":  # v and up stay bf16, like a Q4_K_M file's Q6_K tensors: nothing fuses
+            packed = {k: v for k, v in packed.items() if ".v_proj." not in k and ".up_proj." not in k}
         sd = packing.merge(sd, packed)
     return Transformer(config(), sd, dtype=torch.bfloat16, cpu_kernels=kernels)
 
@@ -112,3 +114,26 @@ def test_a_restricted_draft_head_on_the_kernels_scores_as_the_full_head(precisio
     e = Engine(target, None, d, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=3))
     plain = Engine(target, None, None, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=0))
     assert [o.token_ids for o in e.generate(PROMPTS, params)] == [o.token_ids for o in plain.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "mixed"])
+def test_the_one_call_layer_loop_equals_the_python_loop(precision: str) -> None:
+    """``Layers.forward`` (every decoder layer in one kernel call) computes the logits and the KV
+    cache of the Python layer loop bit for bit: a batch of two, slots out of order, and a pass
+    after a prefill (keys and values written where the loop writes them)."""
+    m = model(precision)
+    assert m._native_layers is not None
+    attn = m.model.layers[0].self_attn
+    assert (getattr(attn, "qkv_proj", None) is None) == (precision == "mixed")
+    native_loop = m._native_layers
+    results = []
+    for native in (True, False):
+        m._native_layers = native_loop if native else None
+        cache = m.new_cache(3, 64)
+        slots = [cache.add_sequence() for _ in range(3)][::-2]  # rows 2 and 0
+        first = m(torch.tensor([PROMPTS[0][:5], PROMPTS[2][:5]]), None, cache, slots=slots)
+        second = m(torch.tensor([[11, 12, 13], [14, 15, 16]]), None, cache, slots=slots)
+        results.append((first, second, cache.k.clone(), cache.v.clone()))
+    m._native_layers = native_loop
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -228,6 +229,7 @@ class Transformer(nn.Module):
         self.rope = RotaryEmbedding(config, device, state_dict.get(ROPE_FREQS_KEY))
         #: decoder layers on verispec's CPU kernels (see :meth:`_move_to_cpu_kernels`)
         self.cpu_kernels = False
+        self._native_layers: Any = None  # the kernels' one-call layer loop, when every layer allows it
         if cpu_kernels:
             self._move_to_cpu_kernels()
 
@@ -340,6 +342,43 @@ class Transformer(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
         self.cpu_kernels = True
+        self._native_layers = self._native_layer_loop()
+
+    def _native_layer_loop(self) -> Any:
+        """Every decoder layer as one kernel call per forward pass (``Layers.forward`` in
+        ``csrc/bindings.cpp``: the same operations as :meth:`_layers_on_kernels`' loop, without
+        ~12 Python calls per layer), or None when some layer's projections are not all packed and
+        fused (then the Python loop runs them)."""
+        from verispec.kernels import load
+        from verispec.kernels.linear import Bf16Linear, Int8Linear, Q4KLinear
+
+        ops = load()
+
+        def projection(module: Any) -> Any:
+            if isinstance(module, Bf16Linear):
+                return ops.Projection(0, module.bf16, None, module.bias, module.out_features, module.in_features)
+            if isinstance(module, Int8Linear):
+                return ops.Projection(1, module.int8, module.int8_scale, module.bias, module.out_features,
+                                      module.in_features)  # fmt: skip
+            if isinstance(module, Q4KLinear):
+                return ops.Projection(2, module.q4k, None, module.bias, module.out_features, module.in_features)
+            return None
+
+        layers = [layer for layer in self.model.layers if isinstance(layer, DecoderLayer)]
+        specs = []
+        for i, layer in enumerate(layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            fused_qkv, fused_gate_up = getattr(attn, "qkv_proj", None), getattr(mlp, "gate_up_proj", None)
+            qkv = [fused_qkv] if fused_qkv is not None else [attn.q_proj, attn.k_proj, attn.v_proj]
+            gate_up = [fused_gate_up] if fused_gate_up is not None else [mlp.gate_proj, mlp.up_proj]
+            qkv_p, gate_up_p = [projection(p) for p in qkv], [projection(p) for p in gate_up]
+            o, down = projection(attn.o_proj), projection(mlp.down_proj)
+            if any(p is None for p in (*qkv_p, *gate_up_p, o, down)):
+                return None
+            after = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
+            specs.append((qkv_p, o, gate_up_p, down, layer.post_attention_layernorm.weight, after))
+        cfg = self.config
+        return ops.Layers(specs, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
 
     def _pack_bf16(self) -> int:
         """Move every dense bf16 CPU projection whose input size is a multiple of 32 (and the LM
@@ -380,6 +419,11 @@ class Transformer(nn.Module):
         flat = h.view(b * t, c)  # [M, C]
         layers = [layer for layer in self.model.layers if isinstance(layer, DecoderLayer)]
         x = ops.rms_norm(flat, None, layers[0].input_layernorm.weight, eps)  # [M, C]
+        if self._native_layers is not None and cache.k.dtype == torch.bfloat16:  # one call for all layers
+            out = self._native_layers.forward(
+                flat, x, cos2, sin2, cache.k, cache.v, plan.rows, plan.write_pos, plan.span, visible
+            )  # [M, C]
+            return out.view(b, t, c)  # type: ignore[no-any-return]
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
             q, k, v = attn.project_qkv(x)  # [M, H*D], [M, Hkv*D], [M, Hkv*D]

@@ -6,6 +6,10 @@
 #include <torch/extension.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <tuple>
+#include <vector>
+
 #include "common.h"
 
 #define VS_STRING_OF(x) #x
@@ -242,6 +246,7 @@ at::Tensor attention_by_row(const at::Tensor& q, const at::Tensor& k, const at::
   a.k_sh = k.stride(1);
   a.v_sb = v.stride(0);
   a.v_sh = v.stride(1);
+  a.rows = nullptr;
   a.visible = reinterpret_cast<const uint8_t*>(vis.data_ptr<bool>());
   a.out = out.data_ptr();
   a.B = b;
@@ -326,6 +331,114 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   return y;
 }
 
+// ------------------------------------------------------------------------------------ decoder layers
+
+// One packed projection as verispec.kernels.linear holds it: kind 0 bf16 (w: packed bf16), 1 int8
+// (w: packed codes, scale: padded scales), 2 Q4_K (w: packed records).
+struct Projection {
+  int64_t kind, n, k;
+  at::Tensor w, scale;
+  c10::optional<at::Tensor> bias;
+  at::Tensor operator()(const at::Tensor& x) const {
+    if (kind == 0) return bf16_matmul(x, w, n, k, bias, false);
+    if (kind == 1) return w8a8_matmul(x, w, scale, n, k, bias, kEngineAuto);
+    return q4k_matmul(x, w, n, k, bias, kEngineAuto);
+  }
+};
+
+// What a decoder layer on the kernels needs: q/k/v (one fused projection, or three) and gate/up
+// (one, or two), o and down, the norm after attention and the norm that follows the layer (the
+// next layer's input norm, or the final one).
+struct Layer {
+  std::vector<Projection> qkv, gate_up;
+  Projection o, down;
+  at::Tensor post_norm, next_norm;
+};
+
+struct Layers {
+  std::vector<Layer> layers;
+  int64_t heads, kv_heads, head_dim, inter;
+  double eps;
+
+  // h [M, C] bf16 (the residual stream, updated in place), x [M, C] = the first layer's input
+  // norm of h, cos / sin [M, D], caches [L, S, H_kv, N, D] bf16, rows [B] and write_pos [B, T]
+  // int64 (where this step's keys and values go), visible [B, T, span] -> the final norm of h
+  // [M, C]. The same operations, in the same order, as Transformer's layer loop in Python:
+  // one call per forward pass instead of ~12 per layer.
+  at::Tensor forward(at::Tensor& h, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& kc,
+                     at::Tensor& vc, const at::Tensor& rows, const at::Tensor& write_pos, int64_t span,
+                     const at::Tensor& visible) const {
+    const int64_t b = rows.size(0), t = write_pos.size(1), m = b * t, hq = heads, hkv = kv_heads, d = head_dim;
+    TORCH_CHECK(kc.dim() == 5 && kc.sizes() == vc.sizes() && kc.size(0) == static_cast<int64_t>(layers.size()) &&
+                    kc.size(2) == hkv && kc.size(4) == d && kc.is_contiguous() && vc.is_contiguous() &&
+                    kc.scalar_type() == at::kBFloat16 && vc.scalar_type() == at::kBFloat16,
+                "caches must be contiguous bf16 [layers, slots, H_kv, positions, D]");
+    TORCH_CHECK(rows.scalar_type() == at::kLong && write_pos.scalar_type() == at::kLong && write_pos.size(0) == b &&
+                    h.size(0) == m && x.size(0) == m && span <= kc.size(3),
+                "rows [B] / write_pos [B, T] int64 must match h's M = B * T rows");
+    const at::Tensor rc = rows.contiguous(), wc = write_pos.contiguous();
+    const int64_t* rp = rc.data_ptr<int64_t>();
+    const int64_t* wp = wc.data_ptr<int64_t>();
+    for (int64_t i = 0; i < b; ++i) TORCH_CHECK(rp[i] >= 0 && rp[i] < kc.size(1), "cache row out of range");
+    for (int64_t i = 0; i < m; ++i) TORCH_CHECK(wp[i] >= 0 && wp[i] < kc.size(3), "cache position out of range");
+    const int64_t s_stride = kc.stride(1), h_stride = kc.stride(2);
+    const at::Tensor vis = visible.contiguous();
+    const int64_t qw = hq * d, kw = hkv * d;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& L = layers[i];
+      at::Tensor qx, kx, vx;  // [M, H D], [M, H_kv D] x 2: views of one fused output, or three outputs
+      if (L.qkv.size() == 1) {
+        const at::Tensor qkv = L.qkv[0](x);  // [M, (H + 2 H_kv) D]
+        qx = qkv.narrow(1, 0, qw), kx = qkv.narrow(1, qw, kw), vx = qkv.narrow(1, qw + kw, kw);
+      } else {
+        qx = L.qkv[0](x), kx = L.qkv[1](x), vx = L.qkv[2](x);
+      }
+      const at::Tensor q = rotary(qx, cos, sin, hq, d);  // [M, H, D]
+      const at::Tensor k = rotary(kx, cos, sin, hkv, d);  // [M, H_kv, D]
+      auto* kl = reinterpret_cast<uint16_t*>(kc[i].data_ptr<at::BFloat16>());
+      auto* vl = reinterpret_cast<uint16_t*>(vc[i].data_ptr<at::BFloat16>());
+      const auto* ks = bf16_pointer(k);
+      const auto* vs = bf16_pointer(vx);
+      const int64_t qkv_stride = vx.stride(0);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t g = 0; g < hkv; ++g) {
+          const int64_t dst = rp[r / t] * s_stride + g * h_stride + wp[r] * d;
+          std::memcpy(kl + dst, ks + (r * hkv + g) * d, 2 * d);
+          std::memcpy(vl + dst, vs + r * qkv_stride + g * d, 2 * d);
+        }
+      at::Tensor out = at::empty({b, t, hq, d}, q.options());  // attention, one query row at a time
+      AttnArgs a{};
+      a.q = q.data_ptr();
+      a.k = kl;
+      a.v = vl;
+      a.k_sb = a.v_sb = s_stride;
+      a.k_sh = a.v_sh = h_stride;
+      a.rows = rp;
+      a.visible = reinterpret_cast<const uint8_t*>(vis.data_ptr<bool>());
+      a.out = out.data_ptr();
+      a.B = b;
+      a.T = t;
+      a.H = hq;
+      a.Hkv = hkv;
+      a.D = d;
+      a.span = span;
+      a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+      a.bf16 = true;
+      at::parallel_for(0, b * t * hq, 1, [&](int64_t s0, int64_t e0) { attention_rows(a, s0, e0); });
+      x = rms_norm(h, L.o(out.view({m, qw})), L.post_norm, eps);
+      at::Tensor gate, up;  // [M, F] each, with the same row stride
+      if (L.gate_up.size() == 1) {
+        const at::Tensor gu = L.gate_up[0](x);  // [M, 2F]
+        gate = gu.narrow(1, 0, inter), up = gu.narrow(1, inter, inter);
+      } else {
+        gate = L.gate_up[0](x), up = L.gate_up[1](x);
+      }
+      x = rms_norm(h, L.down(silu_mul(gate, up)), L.next_norm, eps);
+    }
+    return x;
+  }
+};
+
 // ------------------------------------------------------------------------------------ bandwidth
 
 // Reads every byte of t once (all threads) and returns a checksum: the benchmarks time it to
@@ -377,4 +490,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary", &verispec::rotary, "x [M, heads * d] bf16, cos/sin [M, d] -> rotate-half RoPE [M, heads, d]");
   m.def("silu_mul", &verispec::silu_mul, "gate, up [M, F] bf16 -> silu(gate) * up [M, F]");
   m.def("stream_read", &verispec::stream_read, "read every byte of a tensor once (bandwidth probe)");
+  py::class_<verispec::Projection>(m, "Projection")
+      .def(py::init([](int64_t kind, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
+                       int64_t n, int64_t k) {
+             TORCH_CHECK(kind >= 0 && kind <= 2, "kind must be 0 (bf16), 1 (int8) or 2 (Q4_K)");
+             TORCH_CHECK(kind != 1 || scale.has_value(), "an int8 projection needs its scales");
+             return verispec::Projection{kind, n, k, w, scale.value_or(at::Tensor()), bias};
+           }),
+           py::arg("kind"), py::arg("w"), py::arg("scale"), py::arg("bias"), py::arg("n"), py::arg("k"));
+  py::class_<verispec::Layers>(m, "Layers")
+      .def(py::init([](const std::vector<std::tuple<std::vector<verispec::Projection>, verispec::Projection,
+                                                    std::vector<verispec::Projection>, verispec::Projection,
+                                                    at::Tensor, at::Tensor>>& specs,
+                       int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter, double eps) {
+             verispec::Layers out{{}, heads, kv_heads, head_dim, inter, eps};
+             for (const auto& [qkv, o, gate_up, down, post, next] : specs) {
+               TORCH_CHECK((qkv.size() == 1 || qkv.size() == 3) && (gate_up.size() == 1 || gate_up.size() == 2),
+                           "q/k/v are 1 fused or 3 projections, gate/up 1 or 2");
+               out.layers.push_back({qkv, gate_up, o, down, post, next});
+             }
+             return out;
+           }),
+           "[([qkv] or [q, k, v], o, [gate_up] or [gate, up], down, post_attention_norm, next_norm), ...] per "
+           "layer, then the shapes")
+      .def("forward", &verispec::Layers::forward,
+           "h, x, cos, sin, k_cache, v_cache, rows, write_pos, span, visible -> the final norm of h (one call "
+           "for every decoder layer)");
 }

@@ -88,6 +88,7 @@ struct AttnArgs {
   const void* k;        // keys of row b, kv head h, position j at b * k_sb + h * k_sh + j * D
   const void* v;        // values, likewise with v_sb, v_sh
   int64_t k_sb, k_sh, v_sb, v_sh;
+  const int64_t* rows;  // [B]: the buffer row of batch row b (null: b itself)
   const uint8_t* visible;  // [B, T, span]: 1 where the query of (b, t) may see position j
   void* out;            // [B, T, H, D] contiguous, q's dtype
   int64_t B, T, H, Hkv, D, span;

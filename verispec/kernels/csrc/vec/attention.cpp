@@ -39,7 +39,8 @@ void attention_row(const AttnArgs& a, int64_t row, std::vector<float>& score, st
   const int vd = static_cast<int>(a.D / 16);
   F16 q[kMaxHeadDim / 16];
   for (int i = 0; i < vd; ++i) q[i] = load_row16(a.q, a.bf16, row * a.D + 16 * i);
-  const int64_t k0 = b * a.k_sb + kvh * a.k_sh, v0 = b * a.v_sb + kvh * a.v_sh;
+  const int64_t br = a.rows ? a.rows[b] : b;  // the buffer row holding this row's keys and values
+  const int64_t k0 = br * a.k_sb + kvh * a.k_sh, v0 = br * a.v_sb + kvh * a.v_sh;
   const uint8_t* vis = a.visible + bt * a.span;
   int64_t n = 0;
   float m = -INFINITY;
