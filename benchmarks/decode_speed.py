@@ -9,7 +9,7 @@ For the default pair (Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft; prepared w
 - **decode tokens/s**: plain greedy decoding of ``--tokens`` tokens through the engine (no draft),
   on ``--prompts`` HumanEval prompts, median; tokens counted as produced, prefill included.
 - **physical limit**: bytes one decode step streams (every weight once, the KV cache) over the
-  read bandwidth measured here with the same threads (a 1 GiB stream read, AVX-512, median), and
+  read bandwidth measured here with the same threads (a 1 GiB stream read by the kernels, median), and
   the fraction of it the T = 1 pass reaches.
 - **transformers**: ``AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf")`` in
   bf16 and fp32, ``generate`` greedy on the same prompt ids, same token budget, median tokens/s.
@@ -75,14 +75,15 @@ def wait_until_quiet(max_wait_s: float) -> float:
 
 def read_bandwidth_gbps(reps: int = 7) -> dict[str, float]:
     """Read bandwidth with the current threads: a 1 GiB buffer streamed by the kernels' reader
-    (AVX-512 loads; torch's sum when the kernels are unavailable), median and best of ``reps``."""
+    (vectorised for this CPU's tier; torch's sum when the kernels are unavailable), median and
+    best of ``reps``."""
     buf = torch.ones(1 << 28, dtype=torch.float32)
     try:
         from verispec.kernels import load
 
         reader = load().stream_read
         read = lambda: reader(buf)  # noqa: E731
-    except ConfigError:  # no AMX kernels here: torch's sum
+    except ConfigError:  # no kernels here: torch's sum
         read = buf.sum
     read()
     times = []

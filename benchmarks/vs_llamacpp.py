@@ -241,7 +241,8 @@ def main() -> None:
     print("| configuration | median tok/s | acceptance | spec == plain |\n|---|---|---|---|")
     for name, v in med.items():
         flags = same.get(name)
-        print(f"| {name} | {v:.2f} | {accept.get(name, float('nan')):.3f} | "
+        rate = f"{accept[name]:.3f}" if name in accept else "-"
+        print(f"| {name} | {v:.2f} | {rate} | "
               f"{'-' if flags is None else f'{sum(flags)}/{len(flags)}'} |")  # fmt: skip
     if tg is not None:
         print(f"| llama.cpp plain (llama-bench tg{args.tokens}) | {tg:.2f} | - | - |")

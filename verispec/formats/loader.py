@@ -18,10 +18,10 @@
   its weights at load time; int4 needs GGUF Q4_K weights and is refused).
 
 Precisions (``dtype``): "fp32" (the exact reference), "bf16", and the weight-only quantised "int8"
-and "int4" (activations quantised to int8 per block of 64 inputs, exact int32 sums; CPU with
-AVX-512 VNNI / BF16 and AMX only, else :class:`ConfigError`).
-On a CPU with those instructions a bf16 model's projections are repacked at load time for the
-AMX kernel (about a second per GB; :func:`bf16_kernel_usable`), and bf16 / int8 / int4 models
+and "int4" (activations quantised to int8 per block of 64 inputs, exact int32 sums; the CPU only,
+on verispec's kernels of this CPU's tier, :mod:`verispec.kernels.dispatch`; else :class:`ConfigError`).
+On a CPU whose tier is a vector one a bf16 model's projections are repacked at load time for the
+kernels (about a second per GB; :func:`bf16_kernel_usable`), and bf16 / int8 / int4 models
 attend through the row-by-row kernel (:class:`Transformer` built with ``cpu_kernels=True``: batch-invariant, so
 greedy speculation equals greedy plain decoding in these precisions too); elsewhere bf16 runs on
 torch's kernels.

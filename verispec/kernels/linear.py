@@ -72,7 +72,8 @@ class Q4KLinear(nn.Module):
     """``y = x_q @ W.T + bias`` with ``W`` ``[N, K]`` the exact weights of GGUF Q4_K blocks and
     ``x_q`` the activations quantised to int8 per block of 64 inputs (see the module docstring).
 
-    Numerics (``csrc/q4k.cpp``): per block of 64 inputs (sub-blocks ``j0``, ``j1`` of 32), the
+    Numerics (``csrc/vec/linear.cpp``, ``csrc/amx/q4k.cpp``; the same bits on every tier): per
+    block of 64 inputs (sub-blocks ``j0``, ``j1`` of 32), the
     integer sums ``S_j = p . q_j`` (activation codes times 4-bit weight codes) and ``P_j = sum p``
     are exact; then in fp32, with fused multiply-adds in a fixed order,
     ``t += (S_j0 * ds_j0 + S_j1 * ds_j1) * scale_x - P_j0 * scale_x * dm_j0 - P_j1 * scale_x * dm_j1``
@@ -131,7 +132,8 @@ class Int8Linear(nn.Module):
     and ``x_q`` the activations quantised to int8 per block of 64 inputs (W8A8, see the module
     docstring).
 
-    Numerics (``csrc/w8a8.cpp``): per block ``b`` of 64 inputs of an activation row, with codes
+    Numerics (``csrc/vec/linear.cpp``, ``csrc/amx/w8a8.cpp``; the same bits on every tier): per
+    block ``b`` of 64 inputs of an activation row, with codes
     ``p`` and scale ``scale_x``, ``acc_b = p . q`` is exact in int32; then in fp32, unfused,
     ``t += float(acc_b) * scale_x`` block by block and ``y = (t * scale) + bias``. The weights are
     exactly ``scale * q`` (:meth:`dequantize`).

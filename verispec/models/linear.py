@@ -8,8 +8,9 @@ LM head) is one of:
 - :class:`verispec.kernels.Q4KLinear`: GGUF Q4_K blocks used exactly (the "int4" precision);
 - :class:`verispec.kernels.Int8Linear`: per-output-channel int8 (the "int8" precision, and the
   tensors of an "int4" model that the GGUF does not store as Q4_K);
-- :class:`verispec.kernels.Bf16Linear`: bf16 weights repacked for the AMX kernel (the "bf16"
-  precision on CPUs that have it: a :class:`~verispec.models.transformer.Transformer` built with ``cpu_kernels=True``).
+- :class:`verispec.kernels.Bf16Linear`: bf16 weights repacked for verispec's kernels (the "bf16"
+  precision on CPUs whose kernel tier is a vector one: a
+  :class:`~verispec.models.transformer.Transformer` built with ``cpu_kernels=True``).
 
 They share the :class:`Linear` protocol, so the transformer never branches on the kind. In a state
 dict a projection ``P`` is ``P.weight`` (+ ``P.bias``) when dense, ``P.q4k`` (+ ``P.bias``) for

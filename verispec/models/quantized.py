@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("int4", "int8")
 #: Version of the packed layouts (bump when csrc's layouts change: caches then rebuild).
-PACK_FORMAT = "verispec.packed/3"  # 3: the integer-kernel layouts (csrc/w8a8.cpp, csrc/q4k.cpp)
+PACK_FORMAT = "verispec.packed/3"  # 3: the integer-kernel layouts (csrc/vec/pack.cpp)
 INT8_ALIGN = 32
 
 

@@ -317,12 +317,13 @@ class Transformer(nn.Module):
 
     def _move_to_cpu_kernels(self) -> None:
         """Put this bf16 / int8 / int4 CPU model, while it is being built, on verispec's kernels
-        (:mod:`verispec.kernels`): dense bf16 projections move to the AMX kernel
+        (:mod:`verispec.kernels`): dense bf16 projections move to the bf16 kernel
         (:meth:`_pack_bf16`), q/k/v and gate/up are fused into one projection each where their
-        kinds allow, and each decoder layer runs as a
-        short sequence of kernel calls (:meth:`_layers_on_kernels`): RMSNorm with the residual add,
-        RoPE and SwiGLU in ``csrc/layer_ops.cpp``, attention one query row at a time in a fixed
-        order (``csrc/attention.cpp``). Every operation of a
+        kinds allow, and the decoder layers run as one kernel call per pass where every projection
+        is packed (:meth:`_native_layer_loop`), else as a short sequence of kernel calls per layer
+        (:meth:`_layers_on_kernels`): RMSNorm with the residual add, RoPE and SwiGLU in
+        ``csrc/vec/layer_ops.cpp``, attention one query row at a time in a fixed order
+        (``csrc/vec/attention.cpp``). Every operation of a
         forward pass then computes a token's row the same way whatever else is in the pass, so a
         verification pass over ``K + 1`` tokens gives each of them the logits a one-token decode
         step gives it, bit for bit, and greedy speculative output equals greedy plain output in
@@ -382,7 +383,7 @@ class Transformer(nn.Module):
 
     def _pack_bf16(self) -> int:
         """Move every dense bf16 CPU projection whose input size is a multiple of 32 (and the LM
-        head, tied or not) onto :class:`verispec.kernels.Bf16Linear`, the AMX kernel: the same
+        head, tied or not) onto :class:`verispec.kernels.Bf16Linear`, the bf16 kernel: the same
         weights, read at close to memory bandwidth and batch-invariant. The tied embedding table
         stays for the lookups (the packed head is a second copy of it). Returns the number of
         projections moved; raises :class:`~verispec.errors.ConfigError` when the kernels cannot

@@ -135,6 +135,7 @@ inline I16 imax(I16 a, I16 b) { return {_mm512_max_epi32(a.v, b.v)}; }
 inline I16 imin(I16 a, I16 b) { return {_mm512_min_epi32(a.v, b.v)}; }
 inline I16 iand(I16 a, I16 b) { return {_mm512_and_si512(a.v, b.v)}; }
 inline I16 ior(I16 a, I16 b) { return {_mm512_or_si512(a.v, b.v)}; }
+inline I16 ixor(I16 a, I16 b) { return {_mm512_xor_si512(a.v, b.v)}; }
 template <int N>
 inline I16 ishr(I16 a) {
   return {_mm512_srli_epi32(a.v, N)};
@@ -268,6 +269,7 @@ VS_I2(imax, _mm256_max_epi32)
 VS_I2(imin, _mm256_min_epi32)
 VS_I2(iand, _mm256_and_si256)
 VS_I2(ior, _mm256_or_si256)
+VS_I2(ixor, _mm256_xor_si256)
 VS_I2(shl_lanes, _mm256_sllv_epi32)
 #undef VS_I2
 template <int N>
@@ -421,6 +423,7 @@ VS_I2(imax, x > y ? x : y)
 VS_I2(imin, x < y ? x : y)
 VS_I2(iand, x & y)
 VS_I2(ior, x | y)
+VS_I2(ixor, x ^ y)
 VS_I2(shl_lanes, static_cast<uint32_t>(y) > 31 ? 0 : static_cast<int32_t>(static_cast<uint32_t>(x) << y))
 #undef VS_I2
 template <int N>
