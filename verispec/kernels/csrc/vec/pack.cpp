@@ -86,6 +86,7 @@ uint64_t stream_xor(const uint8_t* p, int64_t bytes) {
   I16 s0 = izero(), s1 = izero(), s2 = izero(), s3 = izero();  // four chains of 64-byte loads
   int64_t i = 0;
   for (; i + 256 <= bytes; i += 256) {
+    for (int line = 0; line < 256; line += 64) __builtin_prefetch(p + i + 2048 + line);  // (as the kernels do)
     s0 = ixor(s0, iload(p + i));
     s1 = ixor(s1, iload(p + i + 64));
     s2 = ixor(s2, iload(p + i + 128));
