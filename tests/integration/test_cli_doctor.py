@@ -17,8 +17,11 @@ def test_doctor_reports_the_cpu_the_kernels_and_the_flags(capsys: pytest.Capture
     kernels = report["kernels"]
     assert kernels["tiers"] == [t.name for t in dispatch.runnable()] and kernels["tiers"][-1] == "portable"
     assert kernels["tier"] == dispatch.selected().name and kernels["status"] in ("ready", "failed")
-    if report["kernels"]["status"] == "ready":
-        assert "--draft-dtype int8" in report["recommended"]["flags"]
+    if report["kernels"]["status"] == "ready":  # what generate would pick for the default pair
+        from verispec.pipeline import machine_defaults
+
+        assert report["recommended"]["flags"] == machine_defaults().flags()
+        assert report["recommended"]["flags"].split()[3] in ("int4", "int8")  # the draft's precision
     else:
         assert "int8" not in report["recommended"]["flags"]
     assert main(["doctor"]) == 0  # the table, bandwidth measured

@@ -74,8 +74,10 @@ def diagnose(measure_bandwidth: bool = True) -> dict[str, Any]:
         kernels |= {"status": "failed", "error": str(exc)}
     kernels["supported"] = kernels["status"] == "ready"
     if kernels["supported"]:
-        flags_hint = "--dtype bf16 --draft-dtype int8 --draft-vocab 32768"
-        why = f"bf16 target and int8 draft on the {kernels['tier']} kernels (batch-invariant: greedy spec == plain)"
+        from verispec.pipeline import machine_defaults
+
+        picked = machine_defaults()  # the default pair (the header of a prepared GGUF, if any, says int4)
+        flags_hint, why = picked.flags(), picked.why
     else:
         flags_hint = "--dtype bf16 --draft-dtype bf16"
         why = "torch's kernels (verispec's did not build here); int8 / int4 do not run"
