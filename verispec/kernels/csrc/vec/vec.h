@@ -462,7 +462,8 @@ inline float reduce_add(F16 a) {
   for (int i = 0; i < 4; ++i) s4[i] = s8[i + 4] + s8[i];
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
-inline float reduce_max(F16 a) {  // max is exact: the tree only matters for NaN, which none of the callers feed
+// Lanes in order: the max is exact; with NaN lanes the order decides, and it is the same on every tier.
+inline float reduce_max(F16 a) {
   alignas(64) float t[16];
   store(t, a);
   float m = t[0];
