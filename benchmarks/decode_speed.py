@@ -41,9 +41,9 @@ import torch
 
 from verispec.config import EngineConfig, SamplingParams
 from verispec.engine import Engine
-from verispec.errors import ConfigError
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load_model
 from verispec.formats.registry import GGUF_FILE, model_dir
+from verispec.kernels.bandwidth import read_bandwidth
 
 ROLES = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}
 #: Where ../shared/tools/build-llamacpp.sh puts llama.cpp's binaries by default.
@@ -71,27 +71,6 @@ def wait_until_quiet(max_wait_s: float) -> float:
     while cpu_busy_elsewhere() > 0.1 and time.perf_counter() - t0 < max_wait_s:
         pass
     return time.perf_counter() - t0
-
-
-def read_bandwidth_gbps(reps: int = 7) -> dict[str, float]:
-    """Read bandwidth with the current threads: a 1 GiB buffer streamed by the kernels' reader
-    (vectorised for this CPU's tier; torch's sum when the kernels are unavailable), median and
-    best of ``reps``."""
-    buf = torch.ones(1 << 28, dtype=torch.float32)
-    try:
-        from verispec.kernels import load
-
-        reader = load().stream_read
-        read = lambda: reader(buf)  # noqa: E731
-    except ConfigError:  # no kernels here: torch's sum
-        read = buf.sum
-    read()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        read()
-        times.append(time.perf_counter() - t0)
-    return {"median": buf.nbytes / statistics.median(times) / 1e9, "best": buf.nbytes / min(times) / 1e9}
 
 
 def summary(values: list[float], scale: float = 1e3) -> dict[str, float]:
@@ -280,7 +259,7 @@ def main() -> None:
     from verispec.bench.prompts import humaneval_prompts
 
     prompts = humaneval_prompts()[: args.prompts]
-    bw = read_bandwidth_gbps()
+    bw = read_bandwidth()
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, loadavg {os.getloadavg()[0]:.2f}, "
           f"read bandwidth {bw['median']:.1f} GB/s median, {bw['best']:.1f} best (limits use the best)")  # fmt: skip
     results = {"bandwidth": bw, "args": vars(args), "roles": {}}

@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from decode_speed import wait_until_quiet  # benchmarks/ is on the path when this script runs
 
-from verispec.kernels import Int8Linear, Q4KLinear, load
+from verispec.kernels import Int8Linear, Q4KLinear
+from verispec.kernels.bandwidth import read_bandwidth
 from verispec.models.linear import dense_linear
 
 # name -> (layers, [(out_features, in_features), ...] per layer)
@@ -102,19 +103,6 @@ class Weights:
         return {name: table[name] for name in self.names}
 
 
-def read_bandwidth_gbps(reps: int = 7) -> float:
-    """Median read bandwidth of a 1 GiB buffer streamed by the kernels' reader (AVX-512 loads)."""
-    buf = torch.ones(1 << 28, dtype=torch.float32)
-    reader = load().stream_read
-    reader(buf)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        reader(buf)
-        times.append(time.perf_counter() - t0)
-    return buf.nbytes / statistics.median(times) / 1e9
-
-
 @torch.inference_mode()
 def run_model(model: str, names: list[str], ms: list[int], reps: int, bw: float, max_wait: float) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
@@ -172,7 +160,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     names = [n for n in CANDIDATES if n in args.only.split(",")]
     ms = [int(m) for m in args.ms.split(",")]
-    bw = read_bandwidth_gbps()
+    bw = read_bandwidth()["median"]
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, read bandwidth {bw:.1f} GB/s (median)")
     results: dict[str, Any] = {"bandwidth_gbps": bw}
     for model in args.models.split(","):

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from verispec.bench.prompts import humaneval_prompts
+from verispec.cli.doctor import cpu_model
 from verispec.config import SamplingParams
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.formats.registry import GGUF_FILE, model_dir
@@ -234,8 +235,7 @@ def main() -> None:
             plain = results["llama.cpp plain (server)"]
             # (speculative-simple may overshoot the token budget by a draft: one output is a prefix of the other)
             same[name] = [_prefix_equal(a["text"], b["text"]) for a, b in zip(rs, plain, strict=True)]
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")  # fmt: skip
+    cpu = cpu_model()
     print(f"\n### verispec vs llama.cpp: {cpu}, {args.threads} threads, {len(texts)} HumanEval prompts, "
           f"{args.tokens} tokens, greedy, batch 1")  # fmt: skip
     print("| configuration | median tok/s | acceptance | spec == plain |\n|---|---|---|---|")

@@ -38,28 +38,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def read_bandwidth(reps: int = 5) -> float:
-    """GB/s of streaming a 512 MiB buffer with torch's threads (best of ``reps``)."""
-    import torch
-
-    buf = torch.ones(1 << 27, dtype=torch.float32)
-    buf.sum()
-    best = min(_timed(buf.sum) for _ in range(reps))
-    return buf.nbytes / best / 1e9
-
-
-def _timed(fn: Any) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def diagnose(measure_bandwidth: bool = True) -> dict[str, Any]:
     """Everything the command reports, as plain data (builds the kernels when the CPU can run them)."""
     import torch
 
     from verispec.errors import ConfigError
     from verispec.kernels import build, dispatch
+    from verispec.kernels.bandwidth import read_bandwidth
 
     flags = dispatch.cpu_flags()
     runnable = [t.name for t in dispatch.runnable()]
@@ -90,7 +75,7 @@ def diagnose(measure_bandwidth: bool = True) -> dict[str, Any]:
         "features": sorted(f for f in FEATURES if f in flags),
         "kernels": kernels,
         "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "read_bandwidth_gbps": round(read_bandwidth(), 1) if measure_bandwidth else None,
+        "read_bandwidth_gbps": round(read_bandwidth(1 << 29, 5)["best"], 1) if measure_bandwidth else None,
         "recommended": {"flags": flags_hint, "why": why},
         "loadavg": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }

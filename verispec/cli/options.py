@@ -72,14 +72,16 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--draft-dtype",
         default=None,
         choices=PRECISIONS,
-        help="precision of the draft model (default: int8 on a CPU where the kernels run and --dtype is not fp32, "
-        "else --dtype)",
+        help="precision of the draft model (default: picked with --dtype when that is not given: int4 for a "
+        "draft with Q4_K weights, else int8, on a CPU where the kernels run; with --dtype given, int8 there "
+        "unless --dtype is fp32, else --dtype)",
     )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument(
         "--draft-vocab", type=int, default=None, metavar="N",
         help="score only token ids below N (plus the stop tokens) with the draft model: a cheaper draft "
-        "head, still exact (default: the full vocabulary)",
+        "head, still exact (default: 32768 for a large vocabulary when --dtype is not given and the kernels "
+        "run, else the full vocabulary)",
     )  # fmt: skip
 
 

@@ -29,8 +29,8 @@ int8 and int4 models).
     y = q4(x)                                        # x [..., k] bf16/fp32 -> [..., n], same dtype
 """
 
-from verispec.kernels.build import cpu_supported, load, missing_cpu_features
-from verispec.kernels.dispatch import ISA_ENV, TIER_NAMES, runnable, selected
+from verispec.kernels.build import load
+from verispec.kernels.dispatch import ISA_ENV, TIER_NAMES, missing, runnable, selected
 from verispec.kernels.linear import (
     Bf16Linear,
     Int8Linear,
@@ -46,9 +46,8 @@ __all__ = [
     "Bf16Linear",
     "Int8Linear",
     "Q4KLinear",
-    "cpu_supported",
     "load",
-    "missing_cpu_features",
+    "missing",
     "q4k_packed_numel",
     "quantize_int8",
     "reference_bf16_linear",

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
-from verispec.kernels.dispatch import ISA_ENV, TIERS, Tier, by_name, missing, selected
+from verispec.kernels.dispatch import HEADERS, ISA_ENV, Tier, by_name, missing, selected
 
 logger = logging.getLogger(__name__)
 
@@ -47,20 +47,9 @@ class _State:
     def __init__(self) -> None:
         self.modules: dict[str, Any] = {}  # by tier name
         self.by_env: dict[str, Any] = {}  # by the value of $VERISPEC_ISA ("" unset) that picked it
-        self.seconds: dict[str, float] = {}
 
 
 _STATE = _State()
-
-
-def missing_cpu_features(tier: Tier | None = None) -> list[str]:
-    """What this machine lacks to run ``tier`` (default: the fastest tier, amx) — [] when it has it all."""
-    return missing(tier or TIERS[0])
-
-
-def cpu_supported(tier: Tier | None = None) -> bool:
-    """True when this CPU executes ``tier`` (default: the amx tier)."""
-    return not missing_cpu_features(tier)
 
 
 def compiler() -> str | None:
@@ -85,7 +74,7 @@ def build_key(tier: Tier | None = None) -> str:
     """Hash of what ``tier``'s library depends on: sources, flags, torch and Python versions."""
     tier = tier or selected()
     digest = hashlib.sha256(tier.name.encode())
-    for name in (*tier.headers, *tier.sources):
+    for name in (*HEADERS, *tier.sources):
         digest.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes() + b"\0")
     digest.update(" ".join(flags_of(tier)).encode())
     digest.update(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}".encode())
@@ -185,12 +174,7 @@ def load(home: Path | None = None, tier: str | None = None) -> Any:
             "this CPU has AMX but the operating system refused this process the AMX state (Linux >= 5.16 "
             "grants it on request): set VERISPEC_ISA=avx512"
         )
-    _STATE.modules[chosen.name], _STATE.seconds[chosen.name] = module, seconds
+    _STATE.modules[chosen.name] = module
     if tier is None:
         _STATE.by_env[os.environ.get(ISA_ENV, "")] = module
     return module
-
-
-def load_seconds(tier: str | None = None) -> float | None:
-    """Wall time the :func:`load` that imported ``tier``'s module took (a build: about a minute)."""
-    return _STATE.seconds.get(tier or selected().name)

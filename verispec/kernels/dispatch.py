@@ -35,7 +35,8 @@ from verispec.errors import ConfigError
 ISA_ENV = "VERISPEC_ISA"
 
 _VEC = ("vec/pack.cpp", "vec/quantize.cpp", "vec/attention.cpp", "vec/layer_ops.cpp")
-_HEADERS = ("common.h", "vec/vec.h", "vec/dots.h", "vec/q4k_scales.h", "amx/amx.h")
+#: Headers every tier includes (part of each build key).
+HEADERS = ("common.h", "vec/vec.h", "vec/dots.h", "vec/q4k_scales.h", "amx/amx.h")
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,6 @@ class Tier:
     flags: tuple[str, ...]
     cpu_flags: tuple[str, ...]
     x86_only: bool = True
-
-    @property
-    def headers(self) -> tuple[str, ...]:
-        return _HEADERS
 
 
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-mf16c")
