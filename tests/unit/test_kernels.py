@@ -252,7 +252,7 @@ def test_shapes_are_checked() -> None:
 
 
 def test_a_cpu_without_the_instructions_gets_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from verispec.formats.loader import check_precision
+    from verispec.formats.loader import bf16_kernel_usable, check_precision
     from verispec.kernels import build, dispatch
 
     monkeypatch.setattr(build._STATE, "modules", {})
@@ -263,8 +263,9 @@ def test_a_cpu_without_the_instructions_gets_a_config_error(monkeypatch: pytest.
         with pytest.raises(ConfigError, match=r"VERISPEC_ISA=amx needs .* lacks avx512f.*choose one of avx2, portable"):
             call()
     monkeypatch.setenv("VERISPEC_ISA", "sse9")
-    with pytest.raises(ConfigError, match="VERISPEC_ISA must be one of amx, avx512, avx2, portable"):
-        build.load()
+    for call in (build.load, bf16_kernel_usable, lambda: check_precision("int8", "cpu")):  # an error, not a fallback
+        with pytest.raises(ConfigError, match="VERISPEC_ISA must be one of amx, avx512, avx2, portable"):
+            call()
     monkeypatch.delenv("VERISPEC_ISA")
     assert dispatch.selected().name == "avx2" and [t.name for t in dispatch.runnable()] == ["avx2", "portable"]
     with pytest.raises(ConfigError, match="the amx kernels need a CPU with"):

@@ -140,16 +140,18 @@ def bf16_kernel_usable() -> bool:
     """Whether bf16 CPU projections go through :class:`verispec.kernels.Bf16Linear` here: the
     kernels build for this CPU's tier (:mod:`verispec.kernels.dispatch`), that tier is a vector one
     (amx, avx512, avx2) or was asked for with ``$VERISPEC_ISA``, and ``$VERISPEC_BF16_KERNEL`` is
-    not "0". Otherwise bf16 runs on torch's matmul (any CPU), with a warning when the kernels failed."""
+    not "0". Otherwise bf16 runs on torch's matmul (any CPU), with a warning when the kernels failed
+    to build; a ``$VERISPEC_ISA`` that names no tier, or one this CPU cannot run, is a
+    :class:`ConfigError`."""
     from verispec import kernels
     from verispec.kernels import dispatch
 
     if os.environ.get(BF16_KERNEL_ENV, "1") == "0":
         return False
+    tier = dispatch.selected()  # a $VERISPEC_ISA this CPU cannot run is the user's error, not a fallback
+    if tier.name == "portable" and not os.environ.get(dispatch.ISA_ENV):
+        return False  # plain C++ is exact but slower than torch's vectorised matmul
     try:
-        tier = dispatch.selected()
-        if tier.name == "portable" and not os.environ.get(dispatch.ISA_ENV):
-            return False  # plain C++ is exact but slower than torch's vectorised matmul
         kernels.load()
     except ConfigError as exc:
         logger.warning("bf16 runs on torch's matmul: %s", exc)
