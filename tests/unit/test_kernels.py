@@ -20,7 +20,7 @@ from verispec.kernels.dispatch import TIER_NAMES
 gq = pytest.importorskip("gguf.quants")
 
 ROWS = (1, 3, 7, 16, 21, 40)  # 21 and 40: more than one 16-row chunk, the last one partial
-# int8: VNNI up to 3 rows, AMX above; Q4_K: VNNI up to 6 rows, AMX above; both 16 rows at a time on AMX
+# int8: VNNI up to 3 rows, AMX above; Q4_K: VNNI up to 16 rows, AMX above; both 16 rows at a time on AMX
 W8A8_ROWS = (1, 2, 3, 4, 5, 6, 7, 9, 16, 17, 21, 40)
 
 

@@ -74,17 +74,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> w8a8_quantize_rows(const at::Tens
   return {xq, scale, sum};
 }
 
-// The W8A8Args of x and y (the weights' fields are the caller's).
+// x quantised for the int8 / Q4_K kernels: the tensors W8A8Args points into, kept for the call.
+struct Quantized {
+  at::Tensor xq, scale, sum, xmin, rows;  // rows: the vector kernels' interleaved copies, one buffer
+};
+
+// The W8A8Args of x and y (the weights' fields are the caller's): x quantised, Q4_K's mins when
+// q4k, and when the vector kernels run, the interleaved copies they read (common.h).
 W8A8Args quantized_args(const at::Tensor& x, at::Tensor& y, int64_t n, int64_t k, const c10::optional<at::Tensor>& bias,
-                        std::tuple<at::Tensor, at::Tensor, at::Tensor>& xqs) {
-  xqs = w8a8_quantize_rows(x);
+                        bool q4k, bool vectors, Quantized& keep) {
+  std::tie(keep.xq, keep.scale, keep.sum) = w8a8_quantize_rows(x);
+  const int64_t m = x.size(0), words = k / 4, nblk = keep.scale.size(1), halves = k / 32;
   W8A8Args a{};
-  a.xq = std::get<0>(xqs).data_ptr<int8_t>();
-  a.xscale = std::get<1>(xqs).data_ptr<float>();
-  a.xsum = std::get<2>(xqs).data_ptr<int32_t>();
+  a.xq = keep.xq.data_ptr<int8_t>();
+  a.xscale = keep.scale.data_ptr<float>();
+  a.xsum = keep.sum.data_ptr<int32_t>();
+  if (q4k) {
+    keep.xmin = at::empty({m, halves}, x.options().dtype(at::kFloat));
+    q4k_activation_mins(a.xscale, a.xsum, k, keep.xmin.data_ptr<float>(), 0, m);
+    a.xmin = keep.xmin.data_ptr<float>();
+  }
+  if (vectors && m == 1) {  // one row: the interleaved order is the row itself
+    a.xq_rows = reinterpret_cast<const int32_t*>(a.xq);
+    a.xscale_rows = a.xscale;
+    a.xsum_rows = a.xsum;
+    a.xmin_rows = a.xmin;
+  } else if (vectors) {
+    const int chunk = vector_chunk_rows();
+    keep.rows = at::empty({m * (words + nblk + halves + (q4k ? halves : 0))}, x.options().dtype(at::kInt));
+    auto* out = reinterpret_cast<uint32_t*>(keep.rows.data_ptr<int32_t>());
+    auto place = [&](const void* src, int64_t per_row) {
+      interleave_rows(static_cast<const uint32_t*>(src), m, per_row, chunk, out);
+      const uint32_t* at = out;
+      out += m * per_row;
+      return at;
+    };
+    a.xq_rows = reinterpret_cast<const int32_t*>(place(a.xq, words));
+    a.xscale_rows = reinterpret_cast<const float*>(place(a.xscale, nblk));
+    a.xsum_rows = reinterpret_cast<const int32_t*>(place(a.xsum, halves));
+    if (q4k) a.xmin_rows = reinterpret_cast<const float*>(place(a.xmin, halves));
+  }
   a.bias = bias_pointer(bias, n);
   a.y = y.data_ptr();
-  a.M = x.size(0);
+  a.M = m;
   a.N = n;
   a.K = k;
   a.out_bf16 = y.scalar_type() == at::kBFloat16;
@@ -119,12 +151,9 @@ at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
   check_weights(packed, at::kByte, row_blocks(n) * (k / kQ4KSuper) * kQ4KRecord, "packed Q4_K");
   const bool amx = tiles_for(x.size(0), engine, kQ4KVectorRows);
   at::Tensor y = at::empty({x.size(0), n}, x.options());
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> xqs;
-  W8A8Args a = quantized_args(x, y, n, k, bias, xqs);
-  // a_j = float(P_j) * scale_x of its block of 64 (two sub-blocks of 32 per block)
-  const at::Tensor xmin = std::get<2>(xqs).to(at::kFloat) * std::get<1>(xqs).repeat_interleave(2, 1);
+  Quantized keep;
+  W8A8Args a = quantized_args(x, y, n, k, bias, true, !amx, keep);
   a.w = packed.data_ptr<uint8_t>();
-  a.xmin = xmin.data_ptr<float>();
   at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) {
     if (amx)
       q4k_linear_amx(a, b, e);
@@ -156,8 +185,8 @@ at::Tensor w8a8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::
   check_weights(scale, at::kFloat, row_blocks(n) * kRows, "int8 scales");
   const bool amx = tiles_for(x.size(0), engine, kW8A8VectorRows);
   at::Tensor y = at::empty({x.size(0), n}, x.options());
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> xqs;
-  W8A8Args a = quantized_args(x, y, n, k, bias, xqs);
+  Quantized keep;
+  W8A8Args a = quantized_args(x, y, n, k, bias, false, !amx, keep);
   a.w = reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>());
   a.wscale = scale.data_ptr<float>();
   at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) {

@@ -52,6 +52,15 @@ struct W8A8Args {
   const float* xscale;    // [M, ceil(K / 64)] activation scales per block of 64 inputs
   const int32_t* xsum;    // [M, K / 32] sums of xq[m][k] over each 32 inputs
   const float* xmin;      // Q4_K: [M, K / 32] float(xsum) * the activation scale of its block; else null
+  // The same four, as the vector kernels read them: interleaved by chunks of vector_chunk_rows()
+  // rows (the last chunk shorter), so that one pointer and fixed offsets reach every row of a
+  // chunk. Element e of row r0 + m, in a chunk of R rows from row r0, is at [r0 * E + e * R + m]
+  // (E elements per row: K / 4 words of 4 codes for xq, ceil(K / 64) scales, K / 32 sums or
+  // mins). With M = 1 that is the [M, E] layout itself.
+  const int32_t* xq_rows;
+  const float* xscale_rows;
+  const int32_t* xsum_rows;
+  const float* xmin_rows;
   const float* bias;      // [N] fp32, or null
   void* y;                // [M, N] fp32 or bf16
   int64_t M, N, K;
@@ -60,6 +69,11 @@ struct W8A8Args {
 constexpr int kW8A8Block = 64;  // inputs per activation block (one scale each)
 void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale, int32_t* sum, int64_t begin,
                    int64_t end);
+// Q4_K's mins: xmin[m][h] = float(sum[m][h]) * scale[m][h / 2] (one fp32 rounding), h < k / 32.
+void q4k_activation_mins(const float* scale, const int32_t* sum, int64_t k, float* xmin, int64_t begin, int64_t end);
+// src [m, per_row] of 4-byte elements -> dst in W8A8Args' chunk-interleaved order.
+void interleave_rows(const uint32_t* src, int64_t m, int64_t per_row, int chunk, uint32_t* dst);
+int vector_chunk_rows();  // activation rows the vector kernels take per pass over a weight block
 
 // Which instructions a kernel uses: by the number of rows (auto), or forced (for the tests).
 // Only the amx tier has a second engine; elsewhere 0 and 1 both name the vector kernels.
@@ -80,7 +94,7 @@ void q4k_pack(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* packed, int6
 void q4k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, int64_t end);
 void q4k_linear_vec(const W8A8Args& a, int64_t begin, int64_t end);
 void q4k_linear_amx(const W8A8Args& a, int64_t begin, int64_t end);
-constexpr int kQ4KVectorRows = 6;  // amx tier: calls with at most this many rows run on vectors
+constexpr int kQ4KVectorRows = 16;  // amx tier: calls with at most this many rows run on vectors (as fast as the tiles to 16)
 
 // ---- attention one query row at a time (vec/attention.cpp)
 struct AttnArgs {

@@ -36,7 +36,9 @@
 //     memory-bound at one to a few rows, until VPDPBUSD's throughput takes over;
 //   - AMX (this file) for more rows: the unpacked codes of a sub-block are an int8 B tile (8 groups x 64
 //     bytes), so TDPBSUD gives S_j for up to 16 rows at once; the next block's multiply runs
-//     while a block's sums are stored and scaled.
+//     while a block's sums are stored and scaled. Measured on Sapphire Rapids, this is no faster
+//     than the vectors up to 16 rows (the unpacking, the tile stores and the per-row fp32 steps
+//     bound it, not the multiplies), hence kQ4KVectorRows = 16: the tiles take prefill chunks.
 //
 // Packed layout ("records"): the same bytes as the GGUF blocks, permuted, nothing re-quantised.
 // One record per (block of 16 weight rows, super-block), 2304 = 16 x 144 bytes, records ordered
@@ -60,7 +62,8 @@ using vec::decode_scales;
 // activation row, from its integer sums s0, s1 (vec/q4k_scales.h's four fused multiply-adds).
 inline __m512 add_pair(const W8A8Args& a, const SubScales& s, int i, int64_t row, int64_t b, __m512i s0, __m512i s1,
                        __m512 t) {
-  return vec::q4k_add_pair(s, i, a.xscale[row * (a.K / 64) + b], a.xmin + row * (a.K / 32) + 2 * b, vec::I16{s0},
+  const float* xmin = a.xmin + row * (a.K / 32) + 2 * b;
+  return vec::q4k_add_pair(s, i, a.xscale[row * (a.K / 64) + b], xmin[0], xmin[1], vec::I16{s0},
                            vec::I16{s1}, vec::F16{t})
       .v;
 }

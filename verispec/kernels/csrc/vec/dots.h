@@ -15,11 +15,20 @@
 namespace verispec {
 namespace vec {
 
+#if VS_VEC_AVX512
+// acc += VPDPBUSD(w, the activation word *x broadcast to every lane), the broadcast folded into
+// the instruction's memory operand (GCC emits a separate VPBROADCASTD for _mm512_set1_epi32).
+inline void dpbusd_bcast(__m512i& acc, __m512i w, const int32_t* x) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+}
+#endif
+
 // int8 weights stored offset to unsigned, u = q + 128, in groups of 64 bytes (byte 4r + j: row
 // r, input j of the group's 4). s[m] += sum over `groups` groups g of q[r][4g + j] * p_m[4g + j],
-// with p_m's words xw[m][g] (4 activation codes each) and psum[m] the sum of those codes.
+// with p_m's word g (4 activation codes) at xw[g * R + m] (common.h's interleaved rows) and
+// psum[m] the sum of those codes.
 template <int R>
-inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* const* xw, const int32_t* psum, I16* s) {
+inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* xw, const int32_t* psum, I16* s) {
 #if VS_VEC_AVX512
   constexpr int U = R <= 3 ? 4 : R <= 6 ? 2 : 1;  // accumulator chains per row (VPDPBUSD latency)
   __m512i acc[R][U];
@@ -33,11 +42,11 @@ inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* const* 
       v[u] = _mm512_loadu_si512(w + (g + u) * 64);
     }
     for (int m = 0; m < R; ++m)
-      for (int u = 0; u < U; ++u) acc[m][u] = _mm512_dpbusd_epi32(acc[m][u], v[u], _mm512_set1_epi32(xw[m][g + u]));
+      for (int u = 0; u < U; ++u) dpbusd_bcast(acc[m][u], v[u], xw + (g + u) * R + m);
   }
   for (; g < groups; ++g)
     for (int m = 0; m < R; ++m)
-      acc[m][0] = _mm512_dpbusd_epi32(acc[m][0], _mm512_loadu_si512(w + g * 64), _mm512_set1_epi32(xw[m][g]));
+      dpbusd_bcast(acc[m][0], _mm512_loadu_si512(w + g * 64), xw + g * R + m);
   for (int m = 0; m < R; ++m) {
     __m512i t = acc[m][0];
     for (int u = 1; u < U; ++u) t = _mm512_add_epi32(t, acc[m][u]);
@@ -55,7 +64,7 @@ inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* const* 
       const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32 * h)), flip);
       const __m256i mag = _mm256_abs_epi8(q);
       for (int m = 0; m < R; ++m) {
-        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(xw[m][g]), q);
+        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(xw[g * R + m]), q);
         acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, signed_x), ones));
       }
     }
@@ -67,11 +76,12 @@ inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* const* 
 #else
   (void)psum;
   for (int m = 0; m < R; ++m) {
-    const int8_t* p = reinterpret_cast<const int8_t*>(xw[m]);
     for (int r = 0; r < 16; ++r) {
       int32_t t = 0;
-      for (int64_t g = 0; g < groups; ++g)
-        for (int j = 0; j < 4; ++j) t += (static_cast<int32_t>(w[g * 64 + 4 * r + j]) - 128) * p[4 * g + j];
+      for (int64_t g = 0; g < groups; ++g) {
+        const int8_t* p = reinterpret_cast<const int8_t*>(xw + g * R + m);
+        for (int j = 0; j < 4; ++j) t += (static_cast<int32_t>(w[g * 64 + 4 * r + j]) - 128) * p[j];
+      }
       s[m].x[r] += t;
     }
   }
@@ -80,16 +90,18 @@ inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* const* 
 
 // Q4_K: 8 groups of 64 bytes, byte 4r + j of group g holding the codes of two sub-blocks of row
 // r (low nibble: input 4g + j of the first, high nibble: of the second). For row m with words
-// xw[m][0..7] (first sub-block's activation codes) and xw[m][8..15] (second's):
-// s0[m] = sum of the low codes x activations, s1[m] = the high ones.
+// words g = 0..7 (first sub-block's activation codes) and 8..15 (second's), word g at
+// xw[g * R + m] (common.h's interleaved rows): s0[m] = sum of the low codes x activations,
+// s1[m] = the high ones.
 template <int R>
-inline void q4k_pair(const uint8_t* q, const int32_t* const* xw, I16* s0, I16* s1) {
+inline void q4k_pair(const uint8_t* q, const int32_t* xw, I16* s0, I16* s1) {
 #if VS_VEC_AVX512
   constexpr int U = R <= 2 ? 2 : 1;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   __m512i acc0[R][U], acc1[R][U];
   for (int m = 0; m < R; ++m)
     for (int u = 0; u < U; ++u) acc0[m][u] = acc1[m][u] = _mm512_setzero_si512();
+#pragma GCC unroll 8
   for (int g = 0; g < 8; g += U) {
     __m512i lo[U], hi[U];
     for (int u = 0; u < U; ++u) {
@@ -99,8 +111,8 @@ inline void q4k_pair(const uint8_t* q, const int32_t* const* xw, I16* s0, I16* s
     }
     for (int m = 0; m < R; ++m)
       for (int u = 0; u < U; ++u) {
-        acc0[m][u] = _mm512_dpbusd_epi32(acc0[m][u], lo[u], _mm512_set1_epi32(xw[m][g + u]));
-        acc1[m][u] = _mm512_dpbusd_epi32(acc1[m][u], hi[u], _mm512_set1_epi32(xw[m][8 + g + u]));
+        dpbusd_bcast(acc0[m][u], lo[u], xw + (g + u) * R + m);
+        dpbusd_bcast(acc1[m][u], hi[u], xw + (8 + g + u) * R + m);
       }
   }
   for (int m = 0; m < R; ++m) {
@@ -121,8 +133,8 @@ inline void q4k_pair(const uint8_t* q, const int32_t* const* xw, I16* s0, I16* s
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * g + 32 * h));
       const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
       for (int m = 0; m < R; ++m) {
-        acc0[m] = _mm256_add_epi16(acc0[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[m][g])));
-        acc1[m] = _mm256_add_epi16(acc1[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[m][8 + g])));
+        acc0[m] = _mm256_add_epi16(acc0[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[g * R + m])));
+        acc1[m] = _mm256_add_epi16(acc1[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[(8 + g) * R + m])));
       }
     }
     for (int m = 0; m < R; ++m) {
@@ -132,15 +144,17 @@ inline void q4k_pair(const uint8_t* q, const int32_t* const* xw, I16* s0, I16* s
   }
 #else
   for (int m = 0; m < R; ++m) {
-    const int8_t* p = reinterpret_cast<const int8_t*>(xw[m]);
     for (int r = 0; r < 16; ++r) {
       int32_t a = 0, b = 0;
-      for (int g = 0; g < 8; ++g)
+      for (int g = 0; g < 8; ++g) {
+        const int8_t* lo = reinterpret_cast<const int8_t*>(xw + g * R + m);
+        const int8_t* hi = reinterpret_cast<const int8_t*>(xw + (8 + g) * R + m);
         for (int j = 0; j < 4; ++j) {
           const uint8_t byte = q[64 * g + 4 * r + j];
-          a += (byte & 15) * p[4 * g + j];
-          b += (byte >> 4) * p[32 + 4 * g + j];
+          a += (byte & 15) * lo[j];
+          b += (byte >> 4) * hi[j];
         }
+      }
       s0[m].x[r] = a;
       s1[m].x[r] = b;
     }

@@ -58,25 +58,22 @@ template <int R>
 void int8_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
   const int64_t groups = a.K / 4, nblk = (a.K + 63) / 64, halves = a.K / 32;
   const uint8_t* blk = a.w + nb * groups * 64;
-  const int32_t* xr[R];
+  // this chunk's rows, interleaved (common.h): word g of row m at xw[g * R + m], and so on
+  const int32_t* xw = a.xq_rows + row0 * groups;
+  const float* xs = a.xscale_rows + row0 * nblk;
+  const int32_t* sums = a.xsum_rows + row0 * halves;
   F16 t[R];
-  for (int m = 0; m < R; ++m) {
-    xr[m] = reinterpret_cast<const int32_t*>(a.xq + (row0 + m) * a.K);
-    t[m] = zero();
-  }
+  for (int m = 0; m < R; ++m) t[m] = zero();
   for (int64_t b = 0; b < nblk; ++b) {
     const int64_t g0 = 16 * b, g1 = std::min<int64_t>(g0 + 16, groups);
-    const int32_t* xw[R];
     int32_t psum[R];
     I16 s[R];
     for (int m = 0; m < R; ++m) {
-      xw[m] = xr[m] + g0;
-      const int32_t* sums = a.xsum + (row0 + m) * halves + 2 * b;
-      psum[m] = 2 * b + 1 < halves ? sums[0] + sums[1] : sums[0];
+      psum[m] = 2 * b + 1 < halves ? sums[2 * b * R + m] + sums[(2 * b + 1) * R + m] : sums[2 * b * R + m];
       s[m] = izero();
     }
-    int8_groups<R>(blk + g0 * 64, g1 - g0, xw, psum, s);
-    for (int m = 0; m < R; ++m) t[m] = add(t[m], mul(to_float(s[m]), set1(a.xscale[(row0 + m) * nblk + b])));
+    int8_groups<R>(blk + g0 * 64, g1 - g0, xw + g0 * R, psum, s);
+    for (int m = 0; m < R; ++m) t[m] = add(t[m], mul(to_float(s[m]), set1(xs[b * R + m])));
   }
   const int64_t n0 = nb * kRows;
   const int nv = valid_columns(a.N, nb);
@@ -91,12 +88,12 @@ template <int R>
 void q4k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
   const int64_t nsb = a.K / kQ4KSuper, nblk = a.K / 64, halves = a.K / 32;
   const uint8_t* rec = a.w + nb * nsb * kQ4KRecord;
-  const int32_t* xr[R];
+  // this chunk's rows, interleaved (common.h): word g of row m at xw[g * R + m], and so on
+  const int32_t* xw = a.xq_rows + row0 * (a.K / 4);
+  const float* xs = a.xscale_rows + row0 * nblk;
+  const float* mins = a.xmin_rows + row0 * halves;
   F16 t[R];
-  for (int m = 0; m < R; ++m) {
-    xr[m] = reinterpret_cast<const int32_t*>(a.xq + (row0 + m) * a.K);
-    t[m] = zero();
-  }
+  for (int m = 0; m < R; ++m) t[m] = zero();
   SubScales s;
   for (int64_t sb = 0; sb < nsb; ++sb, rec += kQ4KRecord) {
     // (prefetches never fault: past the row block they fetch the next one, which comes next anyway)
@@ -104,13 +101,10 @@ void q4k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
     decode_scales(rec, s);
     for (int i = 0; i < 4; ++i) {
       const int64_t b = 4 * sb + i;
-      const int32_t* xw[R];
-      for (int m = 0; m < R; ++m) xw[m] = xr[m] + 16 * b;
       I16 s0[R], s1[R];
-      q4k_pair<R>(rec + kQ4KHeader + 512 * i, xw, s0, s1);
+      q4k_pair<R>(rec + kQ4KHeader + 512 * i, xw + 16 * b * R, s0, s1);
       for (int m = 0; m < R; ++m)
-        t[m] = q4k_add_pair(s, i, a.xscale[(row0 + m) * nblk + b], a.xmin + (row0 + m) * halves + 2 * b, s0[m], s1[m],
-                            t[m]);
+        t[m] = q4k_add_pair(s, i, xs[b * R + m], mins[2 * b * R + m], mins[(2 * b + 1) * R + m], s0[m], s1[m], t[m]);
     }
   }
   const int64_t n0 = nb * kRows;
@@ -175,6 +169,8 @@ constexpr auto kBf16Fns = rows_table<kBf16Blocks>([](auto g) {
 });
 
 }  // namespace
+
+int vector_chunk_rows() { return kChunk; }
 
 void w8a8_linear_vec(const W8A8Args& a, int64_t begin, int64_t end) { by_chunks(a, begin, end, kInt8Fns); }
 

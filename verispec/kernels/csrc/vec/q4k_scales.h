@@ -42,12 +42,13 @@ inline void decode_scales(const uint8_t* rec, SubScales& s) {
 }
 
 // t + the terms of activation block b (sub-blocks 2i, 2i + 1 of the record decoded into s) for
-// one activation row, from its integer sums s0, s1 (amx/q4k.cpp: four fused multiply-adds).
-inline F16 q4k_add_pair(const SubScales& s, int i, float xscale, const float* xmin, I16 s0, I16 s1, F16 t) {
+// one activation row, from its integer sums s0, s1 and its mins of the two sub-blocks
+// (amx/q4k.cpp: four fused multiply-adds).
+inline F16 q4k_add_pair(const SubScales& s, int i, float xscale, float xmin0, float xmin1, I16 s0, I16 s1, F16 t) {
   const F16 u = fma(to_float(s1), load(s.ds[2 * i + 1]), mul(to_float(s0), load(s.ds[2 * i])));
   t = fma(u, set1(xscale), t);
-  t = fnma(set1(xmin[0]), load(s.dm[2 * i]), t);
-  return fnma(set1(xmin[1]), load(s.dm[2 * i + 1]), t);
+  t = fnma(set1(xmin0), load(s.dm[2 * i]), t);
+  return fnma(set1(xmin1), load(s.dm[2 * i + 1]), t);
 }
 
 }  // namespace vec

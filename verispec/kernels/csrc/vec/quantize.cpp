@@ -39,4 +39,21 @@ void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale
     }
 }
 
+void q4k_activation_mins(const float* scale, const int32_t* sum, int64_t k, float* xmin, int64_t begin, int64_t end) {
+  const int64_t halves = k / 32, nblk = (k + kW8A8Block - 1) / kW8A8Block;
+  for (int64_t m = begin; m < end; ++m)
+    for (int64_t h = 0; h < halves; ++h) xmin[m * halves + h] = static_cast<float>(sum[m * halves + h]) * scale[m * nblk + h / 2];
+}
+
+void interleave_rows(const uint32_t* src, int64_t m, int64_t per_row, int chunk, uint32_t* dst) {
+  for (int64_t r0 = 0; r0 < m; r0 += chunk) {
+    const int64_t rows = std::min<int64_t>(chunk, m - r0);
+    uint32_t* out = dst + r0 * per_row;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint32_t* in = src + (r0 + r) * per_row;
+      for (int64_t e = 0; e < per_row; ++e) out[e * rows + r] = in[e];
+    }
+  }
+}
+
 }  // namespace verispec
