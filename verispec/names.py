@@ -21,6 +21,9 @@ DRAFTERS = ("model", "ngram", "composite", "none")
 #: The drafters that need a draft model.
 MODEL_DRAFTERS = ("model", "composite")
 
-#: Acceptance rules (``--rule``): rejection sampling (lossless), greedy matching (exact at
+#: Acceptance rules (``--rule``): rejection sampling (lossless; tree drafts get the tree rule
+#: made for how their children were produced), block verification of chains (lossless), the tree
+#: rules by name (specinfer: i.i.d. children, sequoia: children without replacement, point-mass:
+#: deterministic children; a draft of other children is an error), greedy matching (exact at
 #: temperature 0), Medusa's typical acceptance (lossy, needs an explicit opt-in).
-RULES = ("rejection", "greedy", "typical")
+RULES = ("rejection", "block", "specinfer", "sequoia", "point-mass", "greedy", "typical")

@@ -207,20 +207,30 @@ class TokenHistory:
         counts.scatter_add_(1, idx, valid.to(torch.int32))
         return TokenHistory(counts, self.prompt_mask)
 
-    def for_verification(self, draft_ids: Tensor) -> TokenHistory:
+    def for_verification(self, draft_ids: Tensor, parents: Tensor | None = None) -> TokenHistory:
         """Histories of the ``K + 1`` verification rows of each request.
 
         ``draft_ids`` ``[B, K]`` int64 (-1 = padding). Returns ``B * (K + 1)`` rows: row
         ``b * (K + 1) + i`` is request ``b``'s history with its first ``i`` draft tokens appended,
-        which is the history the target would have had at that position in plain decoding.
+        which is the history the target would have had at that position in plain decoding. For a
+        tree (``parents`` ``[B, K]``, :class:`~verispec.verify.Draft`), row ``b * (K + 1) + 1 + i``
+        has the tokens of node ``i``'s path appended (row ``b * (K + 1)``: none).
         """
         batch, k = draft_ids.shape
         vocab = self.output_counts.shape[1]
         valid = (draft_ids >= 0).to(torch.int32)  # [B, K]
-        onehot = torch.zeros((batch, k + 1, vocab), dtype=torch.int32, device=draft_ids.device)
-        # Token i of the draft counts from row i + 1 on.
-        onehot[:, 1:].scatter_add_(2, draft_ids.clamp_min(0).unsqueeze(-1), valid.unsqueeze(-1))
-        counts = self.output_counts.unsqueeze(1) + onehot.cumsum(dim=1, dtype=torch.int32)  # [B, K+1, V]
+        if parents is not None:
+            from verispec.verify.tree import path_matrix  # (verify imports sampling)
+
+            nodes = torch.zeros((batch, k, vocab), dtype=torch.int32, device=draft_ids.device)
+            nodes.scatter_add_(2, draft_ids.clamp_min(0).unsqueeze(-1), valid.unsqueeze(-1))  # [B, K, V]
+            on_path = path_matrix(parents, valid.sum(dim=1)).to(torch.int32)  # [B, K + 1, K]
+            counts = self.output_counts.unsqueeze(1) + torch.bmm(on_path.float(), nodes.float()).to(torch.int32)
+        else:
+            onehot = torch.zeros((batch, k + 1, vocab), dtype=torch.int32, device=draft_ids.device)
+            # Token i of the draft counts from row i + 1 on.
+            onehot[:, 1:].scatter_add_(2, draft_ids.clamp_min(0).unsqueeze(-1), valid.unsqueeze(-1))
+            counts = self.output_counts.unsqueeze(1) + onehot.cumsum(dim=1, dtype=torch.int32)  # [B, K+1, V]
         mask = self.prompt_mask.unsqueeze(1).expand(batch, k + 1, vocab)
         return TokenHistory(counts.reshape(batch * (k + 1), vocab), mask.reshape(batch * (k + 1), vocab))
 

@@ -138,12 +138,12 @@ def test_seed_gives_the_same_output_batched_or_alone_on_cuda(drafter: str) -> No
 
 
 def test_engine_on_cuda_is_certified_and_a_broken_rule_is_caught() -> None:
-    case = EngineCase("model", 2, SamplingParams(temperature=0.9, top_p=0.9), 3)
+    case = EngineCase("model", 2, SamplingParams(temperature=0.9, top_p=0.9), 4)
     prompt = (3, 0, 0, 1, 0, 0, 2, 0, 0)
     gof, acceptance = certify_engine_case(case, num_sequences=6_000, seed=1, prompt=prompt, device=CUDA)
     assert gof.p_value >= DEFAULT_ALPHA and acceptance > 0
     broken, _ = certify_engine_case(
-        EngineCase("model", 2, SamplingParams(temperature=1.0), 3), num_sequences=6_000, seed=1, prompt=prompt,
+        EngineCase("model", 2, SamplingParams(temperature=1.0), 4), num_sequences=6_000, seed=1, prompt=prompt,
         broken_rule=AlwaysAcceptRule(), device=CUDA,
     )  # fmt: skip
     assert broken.p_value < DEFAULT_ALPHA

@@ -1,6 +1,8 @@
 """Certification of the whole engine on tiny transformers built in code: for every drafter and
 for temperature / top-k / top-p / min-p / penalties, the first tokens sampled through the engine
-(prefix longer than K) follow the target's exact law; a broken rule in the same engine fails."""
+(prefix of K + 2: the prefill's token, then a full-length draft and its bonus token, with
+max_tokens past the prefix so that no draft inside it is cut short) follow the target's exact
+law; a broken rule in the same engine fails."""
 
 from __future__ import annotations
 
@@ -14,19 +16,19 @@ N = 8_000
 REPETITIVE = (3, 0, 0, 1, 0, 0, 2, 0, 0)  # so that prompt lookup finds matches
 
 CASES = [
-    EngineCase("model", 2, SamplingParams(temperature=1.0), 3),
-    EngineCase("model", 3, SamplingParams(temperature=0.7, top_k=3, min_p=0.05), 4),
-    EngineCase("model", None, SamplingParams(temperature=0.9, top_p=0.85), 4),
+    EngineCase("model", 2, SamplingParams(temperature=1.0), 4),
+    EngineCase("model", 3, SamplingParams(temperature=0.7, top_k=3, min_p=0.05), 5),
+    EngineCase("model", None, SamplingParams(temperature=0.9, top_p=0.85), 5),
     EngineCase(
         "model",
         2,
         SamplingParams(temperature=1.0, repetition_penalty=1.3, presence_penalty=0.3, frequency_penalty=0.2),
-        3,
+        4,
     ),
-    EngineCase("ngram", 2, SamplingParams(temperature=0.8), 3),
-    EngineCase("ngram", 2, SamplingParams(temperature=1.0, top_p=0.9, frequency_penalty=0.4), 3),
-    EngineCase("composite", 2, SamplingParams(temperature=0.9, min_p=0.1), 3),
-    EngineCase("model", 3, SamplingParams(temperature=0.9), 4, draft_head=2),
+    EngineCase("ngram", 2, SamplingParams(temperature=0.8), 4),
+    EngineCase("ngram", 2, SamplingParams(temperature=1.0, top_p=0.9, frequency_penalty=0.4), 4),
+    EngineCase("composite", 2, SamplingParams(temperature=0.9, min_p=0.1), 4),
+    EngineCase("model", 3, SamplingParams(temperature=0.9), 5, draft_head=2),
 ]
 
 
@@ -39,6 +41,6 @@ def test_engine_is_lossless(case: EngineCase) -> None:
 
 @pytest.mark.parametrize("rule", [AlwaysAcceptRule(), ResidualIsTargetRule()], ids=lambda r: r.name)
 def test_engine_with_a_broken_rule_fails(rule) -> None:  # type: ignore[no-untyped-def]
-    case = EngineCase("model", 2, SamplingParams(temperature=1.0), 3)
+    case = EngineCase("model", 2, SamplingParams(temperature=1.0), 4)
     gof, _ = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE, broken_rule=rule)
     assert gof.p_value < DEFAULT_ALPHA

@@ -1,5 +1,6 @@
 """Certification of the lossless rules: every configuration must pass the chi-square test against
-the target's exact law (alpha = 1e-6, fixed seeds, tested prefix longer than K)."""
+the target's exact law (alpha = 1e-6, fixed seeds, tested prefix K + 2: a fully accepted draft, its
+bonus token and the next step's first token are inside it)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ SAMPLING = {
 @pytest.mark.parametrize("k", [1, 2, 4])
 @pytest.mark.parametrize("name", list(SAMPLING))
 def test_rejection_rule_with_model_drafter_is_lossless(k: int, name: str) -> None:
-    case = CertificationCase("rejection", "model", k, SAMPLING[name], k + 1)
+    case = CertificationCase("rejection", "model", k, SAMPLING[name], k + 2)
     result = certify_case(case, num_sequences=N, seed=100 + k)
     assert case.observes_bonus
     assert result.passed, result.as_dict()
@@ -45,7 +46,7 @@ def test_rejection_rule_with_model_drafter_is_lossless(k: int, name: str) -> Non
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("name", ["plain", "temperature", "top_p", "penalties"])
 def test_rejection_rule_with_point_mass_drafts_is_lossless(k: int, name: str) -> None:
-    case = CertificationCase("rejection", "point-mass", k, SAMPLING[name], k + 1)
+    case = CertificationCase("rejection", "point-mass", k, SAMPLING[name], k + 2)
     result = certify_case(case, num_sequences=N, seed=200 + k)
     assert result.passed, result.as_dict()
 

@@ -744,8 +744,9 @@ def test_good_inputs_pass(rule):
         (lambda d, tp, g: (d, tp, g[:1]), "1 generators for a batch of 2; pass one per row"),
         (lambda d, tp, g: (d, tp, [*g, None]), "3 generators for a batch of 2"),
         (
-            lambda d, tp, g: (Draft(d.token_ids, d.num_tokens, d.probs, torch.full((2, 3), -1)), tp, g),
-            "tree drafts.*draft a chain",
+            # a "tree" whose nodes name themselves as parents (chain-only rules refuse any tree)
+            lambda d, tp, g: (Draft(d.token_ids, d.num_tokens, d.probs, torch.arange(3).expand(2, 3)), tp, g),
+            "earlier node|chains only",
         ),
     ],
 )  # fmt: skip

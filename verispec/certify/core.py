@@ -33,6 +33,7 @@ from torch import Tensor
 from verispec.certify.toy import (
     MarkovLM,
     MisreportingToyDrafter,
+    TopKAsSampledToyDrafter,
     ToyDrafter,
     exact_prefix_law,
     generate,
@@ -42,24 +43,34 @@ from verispec.certify.toy import (
 )
 from verispec.config import SamplingParams, SpecConfig
 from verispec.errors import ConfigError
-from verispec.verify import GreedyRule, RejectionRule, TypicalRule
+from verispec.verify import TREE_RULES, BlockRule, GreedyRule, RejectionRule, TypicalRule
 from verispec.verify.base import AcceptanceRule
-from verispec.verify.broken import BROKEN_RULES
+from verispec.verify.broken import BROKEN_RULES, SiblingMassLeftRule
 
 DEFAULT_ALPHA = 1e-6
 MIN_EXPECTED = 5.0
 
 RULES: dict[str, Callable[[], AcceptanceRule]] = {
     "rejection": RejectionRule,
+    "block": BlockRule,
+    **TREE_RULES,
     "greedy": GreedyRule,
     "typical": TypicalRule,
     **{cls.name: cls for cls in BROKEN_RULES},
+    SiblingMassLeftRule.name: SiblingMassLeftRule,
 }
-DRAFTERS: dict[str, Callable[[MarkovLM], ToyDrafter]] = {
-    "model": ToyDrafter,
-    "point-mass": lambda m: ToyDrafter(m, point_mass=True),
-    MisreportingToyDrafter.name: MisreportingToyDrafter,
+# Toy drafters by name, each given the draft model and the tree shape (None: a chain): children
+# drawn i.i.d. ("model"), without replacement ("model-distinct"), or taken deterministically
+# (the mode of a chain, the top-k of a tree: "point-mass"); and the broken ones.
+DRAFTERS: dict[str, Callable[[MarkovLM, tuple[int, ...] | None], ToyDrafter]] = {
+    "model": lambda m, tree: ToyDrafter(m, tree=tree),
+    "model-distinct": lambda m, tree: ToyDrafter(m, tree=tree, children="distinct"),
+    "point-mass": lambda m, tree: ToyDrafter(m, tree=tree, children="fixed"),
+    MisreportingToyDrafter.name: lambda m, tree: MisreportingToyDrafter(m, tree=tree),
+    TopKAsSampledToyDrafter.name: lambda m, tree: TopKAsSampledToyDrafter(m, tree=tree),
 }
+HONEST_DRAFTERS = ("model", "model-distinct", "point-mass")
+_CHILDREN = {"model": "sampled", "model-distinct": "distinct", "point-mass": "fixed"}
 
 
 @dataclass(frozen=True)
@@ -134,13 +145,16 @@ class ToySetup:
 
 @dataclass(frozen=True)
 class CertificationCase:
-    """One configuration to certify: acceptance rule, drafter, draft length, sampling parameters."""
+    """One configuration to certify: acceptance rule, drafter, draft length, sampling parameters,
+    and for tree drafts the shape (``tree``: each node's parent, -1 the root; ``k`` is then the
+    number of nodes)."""
 
     rule: str
     drafter: str
     k: int
     params: SamplingParams
     prefix_len: int
+    tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -149,21 +163,38 @@ class CertificationCase:
             raise ConfigError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
         if self.k < 1:
             raise ConfigError(f"K must be >= 1, got {self.k}")
+        if self.tree is not None and self.rule in ("block", "typical"):
+            raise ConfigError(f"the {self.rule} rule verifies chains; certify trees with a tree rule")
+        if self.tree is not None and len(self.tree) != self.k:
+            raise ConfigError(f"a tree of {len(self.tree)} nodes drafts K = {len(self.tree)} tokens, not {self.k}")
         if self.prefix_len < 1:
             raise ConfigError(f"prefix_len must be >= 1, got {self.prefix_len}")
 
     @property
+    def depth(self) -> int:
+        """The longest path the draft can have accepted: K for a chain, the tree's depth."""
+        if self.tree is None:
+            return self.k
+        depth: list[int] = []
+        for par in self.tree:
+            depth.append(1 if par < 0 else depth[par] + 1)
+        return max(depth)
+
+    @property
     def observes_bonus(self) -> bool:
-        """True when the tested prefix is longer than K, so that bonus tokens are tested too."""
-        return self.prefix_len > self.k
+        """True when the tested prefix is longer than the deepest draft, so that bonus tokens
+        after a fully accepted path are tested too."""
+        return self.prefix_len > self.depth
 
     @property
     def claims_lossless(self) -> bool:
         """Whether this configuration is supposed to preserve the target's law."""
-        if self.drafter not in ("model", "point-mass"):
+        if self.drafter not in HONEST_DRAFTERS:
             return False
         if self.rule in ("greedy", "typical"):  # exact only when the target law is a point mass
             return self.params.greedy
+        if self.rule in TREE_RULES:  # lossless for the children it was made for only
+            return TREE_RULES[self.rule].kind == _CHILDREN[self.drafter]
         return bool(RULES[self.rule]().lossless)
 
     def sampling_label(self) -> str:
@@ -186,7 +217,8 @@ class CertificationCase:
         return " ".join(parts)
 
     def label(self) -> str:
-        return f"{self.rule}/{self.drafter} K={self.k} n={self.prefix_len} {self.sampling_label()}"
+        shape = f" tree={list(self.tree)}" if self.tree is not None else ""
+        return f"{self.rule}/{self.drafter} K={self.k}{shape} n={self.prefix_len} {self.sampling_label()}"
 
 
 @dataclass(frozen=True)
@@ -263,7 +295,7 @@ def certify_case(
     target, draft_model = setup.pair()
     law = exact_prefix_law(target, case.params, case.prefix_len, setup.prompt)
     rule = RULES[case.rule]()
-    drafter = DRAFTERS[case.drafter](draft_model)
+    drafter = DRAFTERS[case.drafter](draft_model, case.tree)
     runs = []
 
     def sampler(n: int, s: int) -> Tensor:
@@ -293,7 +325,7 @@ def grid(
     min_ps: Iterable[float] = (0.0,),
     rule: str = "rejection",
     drafter: str = "model",
-    prefix_extra: int = 1,
+    prefix_extra: int = 2,
     base: SamplingParams | None = None,
 ) -> list[CertificationCase]:
     """The product of the given values, one case each; the prefix is ``K + prefix_extra`` long."""
@@ -324,9 +356,22 @@ def negative_controls(k: int = 2, params: SamplingParams | None = None) -> list[
     misreport anything; the default is temperature 0.7.
     """
     params = params or SamplingParams(temperature=0.7)
-    cases = [CertificationCase(cls.name, "model", k, params, k + 1) for cls in BROKEN_RULES]
-    cases.append(CertificationCase("rejection", MisreportingToyDrafter.name, k, params, k + 1))
+    cases = [CertificationCase(cls.name, "model", k, params, k + 2) for cls in BROKEN_RULES]
+    cases.append(CertificationCase("rejection", MisreportingToyDrafter.name, k, params, k + 2))
     return cases
+
+
+def tree_negative_controls(
+    tree: tuple[int, ...] = (-1, -1, -1, 0, 1), params: SamplingParams | None = None
+) -> list[CertificationCase]:
+    """The tree rules' negative controls, each must FAIL: a rejected sibling's mass left in the
+    residual, and deterministic (top-k) children handed to the i.i.d. rule as samples."""
+    params = params or SamplingParams(temperature=0.7)
+    depth = CertificationCase("specinfer", "model", len(tree), params, 1, tree).depth
+    return [
+        CertificationCase(SiblingMassLeftRule.name, "model", len(tree), params, depth + 2, tree),
+        CertificationCase("specinfer", TopKAsSampledToyDrafter.name, len(tree), params, depth + 2, tree),
+    ]
 
 
 def run_cases(
@@ -395,12 +440,19 @@ def certify_engine_case(
     from verispec.drafters.registry import make_drafter
     from verispec.engine import Engine
 
-    if case.k is not None and case.prefix_len <= case.k:
-        raise ConfigError("the tested prefix must be longer than K, or bonus tokens go untested")
+    if case.k is not None and case.prefix_len < case.k + 2:
+        raise ConfigError(
+            "the tested prefix must be at least K + 2 (the prefill's token, a full draft and its bonus "
+            "token), or full-length drafts go untested"
+        )
     law = exact_prefix_law_lm(tiny_pair(vocab_size, seed=model_seed)[0], case.params, prompt, case.prefix_len)
     target, draft = tiny_pair(vocab_size, seed=model_seed, device=device)
     batch = min(num_sequences, 1024)
-    max_len = len(prompt) + case.prefix_len + 1
+    # Generate past the tested prefix, so that no draft inside it is cut short by max_tokens: the
+    # first speculative step (after the prefill's token) drafts its full length, and its accepted
+    # tokens and bonus token fall inside a prefix of K + 2.
+    draft_room = max(case.k or 4, 1) + 1
+    max_len = len(prompt) + case.prefix_len + draft_room + 1
     config = EngineConfig(
         max_batch=batch, max_len=max_len, num_draft_tokens=case.k, max_draft_tokens=max(case.k or 4, 1),
         spec=SpecConfig(rule=case.rule, allow_lossy=case.rule == "typical"),
@@ -413,7 +465,7 @@ def certify_engine_case(
     engine = Engine(target, None, drafter, config)
     if broken_rule is not None:
         engine.rule = broken_rule
-    base = replace(case.params, max_tokens=case.prefix_len)
+    base = replace(case.params, max_tokens=case.prefix_len + draft_room)
     for i in range(num_sequences):
         engine.add_request(prompt, replace(base, seed=seed * 1_000_003 + i), request_id=str(i))
     tokens = torch.full((num_sequences, case.prefix_len), 0, dtype=torch.long)

@@ -92,22 +92,46 @@ def mean_total_variation(target: MarkovLM, draft: MarkovLM, params: SamplingPara
 
 
 class ToyDrafter:
-    """Draws K tokens one at a time from a draft :class:`MarkovLM` through ``to_probs`` (the same
-    warping as the target) and reports the laws it drew from.
+    """Draws draft tokens from a draft :class:`MarkovLM` through ``to_probs`` (the same warping as
+    the target) and reports the laws it drew from.
 
-    ``point_mass=True`` proposes the mode of each draft law instead (like n-gram lookup or greedy
-    heads) and reports ``probs=None``; it consumes no randomness.
+    A chain of ``k`` tokens by default; with ``tree`` (a static shape: the parent of each node,
+    -1 for the root, parents first) one token per node, each node's children drawn from the law
+    after its parent's path as ``children`` says (:class:`~verispec.verify.Draft`): ``"sampled"``
+    i.i.d., ``"distinct"`` without replacement, ``"fixed"`` the draft's best, second best, ...
+    (no randomness; ``probs=None``). ``point_mass=True`` is ``children="fixed"``: on a chain, the
+    mode of each draft law, like n-gram lookup or greedy heads.
     """
 
     name: ClassVar[str] = "model"
 
-    def __init__(self, model: MarkovLM, point_mass: bool = False) -> None:
+    def __init__(
+        self,
+        model: MarkovLM,
+        point_mass: bool = False,
+        *,
+        tree: Sequence[int] | None = None,
+        children: str = "sampled",
+    ) -> None:
         self.model = model
-        self.point_mass = point_mass
+        self.children = "fixed" if point_mass else children
+        if self.children not in ("sampled", "distinct", "fixed"):
+            raise ConfigError(f"children must be sampled, distinct or fixed, got {children!r}")
+        self.tree = tuple(tree) if tree is not None else None
+        if self.tree is not None and any(not -1 <= p < i for i, p in enumerate(self.tree)):
+            raise ConfigError(f"a tree shape lists each node's parent, earlier nodes only (or -1): got {self.tree}")
+
+    @property
+    def point_mass(self) -> bool:
+        return self.children == "fixed"
 
     def sampling_law(self, logits: Tensor, reported: Tensor, params: Sequence[SamplingParams]) -> Tensor:
         """The law the draft token is actually drawn from (``[N, V]``); honest drafters use ``reported``."""
         return reported
+
+    def labelled_children(self) -> str:
+        """What the draft says of its children (honest drafters: what they did)."""
+        return self.children
 
     def propose(
         self,
@@ -118,23 +142,48 @@ class ToyDrafter:
         history: TokenHistory | None,
         generators: Sequence[torch.Generator | None],
     ) -> Draft:
-        """``tokens`` ``[N, L]`` (room for ``k`` more after ``lengths``), ``lengths`` ``[N]``."""
-        n, vocab = tokens.shape[0], self.model.vocab_size
-        work = tokens.clone()
-        ids = torch.empty((n, k), dtype=torch.long)
-        laws = torch.empty((n, k, vocab), dtype=torch.float32)
+        """``tokens`` ``[N, L]`` (room for the deepest path after ``lengths``), ``lengths`` ``[N]``;
+        ``k`` tokens for a chain (a tree drafts its own size)."""
+        parents = self.tree if self.tree is not None else tuple(range(-1, k - 1))
+        n, vocab, size = tokens.shape[0], self.model.vocab_size, len(parents)
         rows = torch.arange(n)
-        for i in range(k):
-            logits = self.model.logits(work, lengths + i)  # [N, V]
-            hist = history.extended(ids[:, :i]) if history is not None else None
+        ids = torch.empty((n, size), dtype=torch.long)
+        laws = torch.empty((n, size, vocab), dtype=torch.float32)
+        depth = [0] * size
+        paths: list[list[int]] = []  # the nodes on each node's path
+        node_tokens: list[Tensor] = []  # [N, L] each node's sequence (its path appended)
+        siblings: dict[int, list[int]] = {}
+        for i, par in enumerate(parents):
+            base = tokens if par < 0 else node_tokens[par]
+            start = 0 if par < 0 else depth[par]
+            path = [] if par < 0 else paths[par]
+            logits = self.model.logits(base, lengths + start)  # [N, V] the law after the parent
+            hist = history.extended(ids[:, path]) if history is not None else None
             reported = to_probs(logits, params, hist)
-            if self.point_mass:
-                ids[:, i] = reported.argmax(dim=1)
-            else:
-                ids[:, i] = sample(self.sampling_law(logits, reported, params), generators)
+            law = self.sampling_law(logits, reported, params)
+            earlier = siblings.setdefault(par, [])
+            if self.children == "sampled":
+                ids[:, i] = sample(law, generators)
+            else:  # without replacement: the earlier siblings' tokens removed
+                drawn = law.clone()
+                if earlier:
+                    drawn[rows.unsqueeze(1), ids[:, earlier]] = 0.0
+                empty = drawn.sum(dim=1) <= 0
+                drawn = torch.where(empty.unsqueeze(1), law, drawn)  # (the support ran out: repeat)
+                ids[:, i] = drawn.argmax(dim=1) if self.children == "fixed" else sample(drawn, generators)
+            earlier.append(i)
             laws[:, i] = reported
-            work[rows, lengths + i] = ids[:, i]
-        return Draft(ids, torch.full((n,), k, dtype=torch.long), None if self.point_mass else laws)
+            depth[i] = start + 1
+            paths.append([*path, i])
+            seq = base.clone()
+            seq[rows, lengths + start] = ids[:, i]
+            node_tokens.append(seq)
+        draft_parents = (
+            None if self.tree is None else torch.tensor(parents, dtype=torch.long).expand(n, size).contiguous()
+        )
+        label = self.labelled_children()
+        probs = None if label == "fixed" else laws
+        return Draft(ids, torch.full((n,), size, dtype=torch.long), probs, draft_parents, label)
 
 
 class MisreportingToyDrafter(ToyDrafter):
@@ -145,6 +194,20 @@ class MisreportingToyDrafter(ToyDrafter):
 
     def sampling_law(self, logits: Tensor, reported: Tensor, params: Sequence[SamplingParams]) -> Tensor:
         return torch.softmax(logits, dim=1)
+
+
+class TopKAsSampledToyDrafter(ToyDrafter):
+    """A BROKEN tree drafter (negative control): it takes the draft's top-k as children
+    (deterministic) but labels them i.i.d. samples, so the sampled rule subtracts a law they were
+    never drawn from."""
+
+    name: ClassVar[str] = "broken-topk-as-sampled"
+
+    def __init__(self, model: MarkovLM, *, tree: Sequence[int] | None = None, **_: object) -> None:
+        super().__init__(model, tree=tree, children="fixed")
+
+    def labelled_children(self) -> str:
+        return "sampled"
 
 
 @dataclass
@@ -212,13 +275,17 @@ def generate(
         else:
             draft = Draft(torch.empty((a, 0), dtype=torch.long), torch.zeros(a, dtype=torch.long))
         kk = draft.max_tokens
-        # Score the last committed token plus every draft token: K + 1 target laws per sequence.
-        scored = sub_tokens.clone()
-        pos = sub_lengths.unsqueeze(1) + torch.arange(kk).unsqueeze(0)  # [A, K]
-        scored.scatter_(1, pos, draft.token_ids.clamp_min(0))
-        ends = (sub_lengths.unsqueeze(1) + torch.arange(kk + 1).unsqueeze(0)).reshape(-1)  # [A * (K+1)]
-        logits = target.logits(scored.repeat_interleave(kk + 1, dim=0), ends)  # [A * (K+1), V]
-        vhist = sub_hist.for_verification(draft.token_ids) if sub_hist is not None else None
+        # Score the last committed token plus every draft node: K + 1 target laws per sequence.
+        if draft.parents is None:
+            scored = sub_tokens.clone()
+            pos = sub_lengths.unsqueeze(1) + torch.arange(kk).unsqueeze(0)  # [A, K]
+            scored.scatter_(1, pos, draft.token_ids.clamp_min(0))
+            ends = (sub_lengths.unsqueeze(1) + torch.arange(kk + 1).unsqueeze(0)).reshape(-1)  # [A * (K+1)]
+            logits = target.logits(scored.repeat_interleave(kk + 1, dim=0), ends)  # [A * (K+1), V]
+        else:
+            seqs, ends = node_sequences(sub_tokens, sub_lengths, draft)  # [A, K + 1, L], [A, K + 1]
+            logits = target.logits(seqs.reshape(a * (kk + 1), -1), ends.reshape(-1))
+        vhist = sub_hist.for_verification(draft.token_ids, draft.parents) if sub_hist is not None else None
         target_probs = to_probs(logits, [params] * (a * (kk + 1)), vhist).reshape(a, kk + 1, vocab)
         verdict = rule.verify(draft, target_probs, gens)
         run.target_passes += 1
@@ -234,6 +301,27 @@ def generate(
             counts[active] = sub_hist.extended(out).output_counts
     run.tokens = tokens[:, start : start + prefix_len]
     return run
+
+
+def node_sequences(tokens: Tensor, lengths: Tensor, draft: Draft) -> tuple[Tensor, Tensor]:
+    """Each node's sequence for a tree draft: ``[N, K + 1, L]`` (entry 0: the committed tokens;
+    entry 1 + i: with node i's path appended) and where each ends ``[N, K + 1]``."""
+    assert draft.parents is not None
+    n, k = draft.token_ids.shape
+    rows = torch.arange(n)
+    seqs = [tokens]
+    ends = [lengths]
+    for i in range(k):
+        par = draft.parents[:, i].clamp_min(-1) + 1  # [N]: the parent's entry
+        base = torch.stack(seqs, dim=1)[rows, par].clone()  # [N, L]
+        end = torch.stack(ends, dim=1)[rows, par]
+        used = i < draft.num_tokens
+        base[rows, end.clamp_max(tokens.shape[1] - 1)] = torch.where(
+            used, draft.token_ids[:, i].clamp_min(0), base[rows, end.clamp_max(tokens.shape[1] - 1)]
+        )
+        seqs.append(base)
+        ends.append(torch.where(used, end + 1, end))
+    return torch.stack(seqs, dim=1), torch.stack(ends, dim=1)
 
 
 def exact_prefix_law(

@@ -132,8 +132,9 @@ def register(sub: Any) -> None:
     p.add_argument("--presence-penalty", type=float, default=0.0, help="presence penalty for every case (default 0)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty for every case (default 0)")
     p.add_argument(
-        "--prefix-extra", type=int, default=1,
-        help="test the first K + this many tokens (>= 1 so that bonus tokens are observed; default 1)",
+        "--prefix-extra", type=int, default=2,
+        help="test the first K + this many tokens (>= 1 so that bonus tokens are observed; the engine "
+        "needs >= 2: the prefill's token, a full draft and its bonus; default 2)",
     )  # fmt: skip
     p.add_argument("--samples", type=int, default=40_000, help="sequences generated per case (default 40000)")
     p.add_argument("--alpha", type=float, default=1e-6, help="significance level of each test (default 1e-6)")

@@ -344,9 +344,7 @@ class Engine:
 
     @staticmethod
     def _draft_rows(draft: Draft, rows: list[int]) -> Draft:
-        index = torch.tensor(rows, device=draft.token_ids.device)
-        probs = None if draft.probs is None else draft.probs.index_select(0, index.to(draft.probs.device))
-        return Draft(draft.token_ids.index_select(0, index), draft.num_tokens.index_select(0, index), probs)
+        return draft.rows(torch.tensor(rows, device=draft.token_ids.device))
 
     def _laws(self, logits: Tensor, batch: list[Request], draft: Draft) -> Laws:
         """Target laws of the ``B * (K + 1)`` rows of ``logits`` ``[B, K + 1, V]`` (the one
@@ -376,8 +374,7 @@ class Engine:
     def _on_device(draft: Draft, device: torch.device) -> Draft:
         if draft.token_ids.device == device:
             return draft
-        probs = None if draft.probs is None else draft.probs.to(device)
-        return Draft(draft.token_ids.to(device), draft.num_tokens.to(device), probs)
+        return draft.to(device)
 
     # -------------------------------------------------------------------------------- commits
     def _commit(self, req: Request, tokens: Sequence[int]) -> RequestOutput:

@@ -28,6 +28,7 @@ from verispec.errors import InputError
 from verispec.sampling import check_probs
 
 PAD_ID = -1
+CHILDREN = ("sampled", "distinct", "fixed")  # how a draft's children were produced (Draft.children)
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,58 @@ class Draft:
     ``num_tokens`` ``[B]`` int64, each in ``[0, K]`` (ragged drafts; 0 = plain decoding for that row).
     ``probs`` ``[B, K, V]`` fp32: the law each draft token was ACTUALLY drawn from; ``None`` means
     point-mass drafts (n-gram lookup, greedy heads), i.e. ``draft_probs`` is one-hot on the token.
-    ``parents`` ``[B, K]`` int64 for tree drafts (index of the parent node, -1 = child of the last
-    committed token); chain rules reject tree drafts.
+
+    Trees: ``parents`` ``[B, K]`` int64, the index of each node's parent (-1: a child of the last
+    committed token; parents come before their children; ``PAD_ID`` after ``num_tokens``); None
+    is a chain (node i's parent is i - 1). ``children`` says how the children of a node were
+    produced, which decides the rule that may verify them (:mod:`verispec.verify.tree`):
+
+    - ``"sampled"``: each child drawn independently from ``probs`` (its parent's draft law; the
+      same row for siblings);
+    - ``"distinct"``: siblings drawn in index order without replacement from that law (each from
+      the law with the earlier siblings removed and renormalised: Gumbel-top-k);
+    - ``"fixed"``: candidates that do not depend on any randomness (top-k of the draft, n-gram,
+      suffix or retrieval continuations): ``probs`` is None.
+
+    The default is ``"sampled"`` when ``probs`` is given, else ``"fixed"``. For a chain the three
+    coincide with the chain rule.
     """
 
     token_ids: Tensor  # [B, K] int64
     num_tokens: Tensor  # [B] int64
     probs: Tensor | None = None  # [B, K, V] fp32
     parents: Tensor | None = None  # [B, K] int64
+    children: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.children:
+            object.__setattr__(self, "children", "sampled" if self.probs is not None else "fixed")
+        if self.children not in CHILDREN:
+            raise InputError(f"draft.children must be one of {', '.join(CHILDREN)}, got {self.children!r}")
+        if self.children == "fixed" and self.probs is not None:
+            raise InputError("fixed (deterministic) children carry no draft law: pass probs=None")
+        if self.children != "fixed" and self.probs is None:
+            raise InputError(f"{self.children} children need the law they were drawn from (draft.probs)")
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def rows(self, index: Tensor) -> Draft:
+        """The draft of rows ``index`` (``[R]`` int64), every field kept."""
+
+        def pick(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.index_select(0, index.to(t.device))
+
+        return Draft(pick(self.token_ids), pick(self.num_tokens), pick(self.probs), pick(self.parents), self.children)  # type: ignore[arg-type]
+
+    def to(self, device: torch.device | str) -> Draft:
+        """The same draft on ``device``."""
+
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device)
+
+        return Draft(move(self.token_ids), move(self.num_tokens), move(self.probs), move(self.parents), self.children)  # type: ignore[arg-type]
 
     @property
     def batch_size(self) -> int:
@@ -77,7 +122,8 @@ class Verdict:
 
     ``output_ids`` ``[B, K + 1]`` int64: the accepted tokens, then one recovered or bonus token,
     then ``PAD_ID``. ``num_accepted`` ``[B]`` int64: draft tokens accepted (the recovered/bonus
-    token is not counted). ``path`` ``[B, K]`` for trees: accepted node indices, ``PAD_ID`` after.
+    token is not counted). ``path`` ``[B, K]`` for trees: the accepted nodes' indices from the
+    root down, ``PAD_ID`` after (their KV is what the caches keep).
     """
 
     output_ids: Tensor  # [B, K + 1] int64
@@ -117,11 +163,15 @@ def check_inputs(
     generators: Sequence[torch.Generator | None],
     *,
     check_values: bool = True,
+    trees: bool = False,
 ) -> None:
-    """Raise :class:`InputError` unless the inputs of a chain rule fit together.
+    """Raise :class:`InputError` unless the inputs of a rule fit together (``trees``: the rule
+    verifies tree drafts too; else ``draft.parents`` must be None).
 
     Shapes are checked for free; with ``check_values`` the contents too (token ids in range, PAD
-    after ``num_tokens``, every used row of ``draft.probs`` and ``target_probs`` a law): one sync.
+    after ``num_tokens``, parents before their children, every used row of ``draft.probs`` and
+    ``target_probs`` a law): one sync. For trees, row ``1 + i`` of ``target_probs`` is the law
+    after node ``i`` (its path), row 0 the law after the last committed token.
     """
     ids, num = draft.token_ids, draft.num_tokens
     if ids.dim() != 2:
@@ -140,10 +190,13 @@ def check_inputs(
             f"draft.probs must be [B, K, V] = [{batch}, {k}, {vocab}], got {tuple(draft.probs.shape)}; "
             "draft and target vocabulary sizes must match"
         )
-    if draft.parents is not None:
+    if draft.parents is not None and not trees:
         raise InputError(
-            "this rule verifies chains; tree drafts (parents set) have no rule in this version: draft a chain"
+            "this rule verifies chains only; verify tree drafts with the rejection rule (which picks the "
+            "tree rule matching draft.children), greedy, or the tree rule named for their children"
         )
+    if draft.parents is not None and draft.parents.shape != (batch, k):
+        raise InputError(f"draft.parents must be [B, K] = [{batch}, {k}], got {tuple(draft.parents.shape)}")
     if len(generators) != batch:
         raise InputError(f"got {len(generators)} generators for a batch of {batch}; pass one per row")
     if not check_values:
@@ -152,13 +205,23 @@ def check_inputs(
     used = pos.unsqueeze(0) < num.unsqueeze(1)  # [B, K]
     bad_num = (num < 0) | (num > k)
     bad_ids = (used & ((ids < 0) | (ids >= vocab))) | (~used & (ids != PAD_ID))
-    flags = torch.stack([bad_num.any(), bad_ids.any()]).tolist()
+    checks = [bad_num.any(), bad_ids.any()]
+    if draft.parents is not None:
+        par = draft.parents
+        bad_par = (used & ((par < -1) | (par >= pos.unsqueeze(0)))) | (~used & (par != PAD_ID))
+        checks.append(bad_par.any())
+    flags = torch.stack(checks).tolist()
     if flags[0]:
         raise InputError(f"draft.num_tokens must lie in [0, K] = [0, {k}], got {num.tolist()}")
     if flags[1]:
         raise InputError(
             f"draft.token_ids must be ids in [0, {vocab}) for the first num_tokens positions and "
             f"PAD_ID ({PAD_ID}) after them"
+        )
+    if len(flags) > 2 and flags[2]:
+        raise InputError(
+            "draft.parents must name an earlier node (or -1, the last committed token) for each of the "
+            f"first num_tokens nodes and be PAD_ID ({PAD_ID}) after them"
         )
     used_target = torch.arange(k + 1, device=ids.device).unsqueeze(0) <= num.unsqueeze(1)  # [B, K+1]
     check_probs(target_probs, "target_probs", used_target)

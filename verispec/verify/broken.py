@@ -10,12 +10,15 @@ rules pass. Never use them to generate text. (The fourth classic bug, a drafter 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from verispec.verify.base import Draft, Verdict, check_inputs
 from verispec.verify.rejection import RejectionRule
+from verispec.verify.tree import MultiRoundRule, walk
 
 
 class AlwaysAcceptRule(RejectionRule):
@@ -56,6 +59,19 @@ class OffByOneRule(RejectionRule):
 
     def _target_at_draft(self, target_probs: Tensor) -> Tensor:
         return target_probs[:, 1:]
+
+
+class SiblingMassLeftRule(MultiRoundRule):
+    """A tree rule that, after rejecting a child, tries its siblings against the unchanged
+    residual: the rejected child's draft mass is never taken off, so the siblings are accepted
+    too often."""
+
+    lossless: ClassVar[bool] = False
+    name: ClassVar[str] = "broken-sibling-mass-left"
+
+    def verify(self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]) -> Verdict:
+        check_inputs(draft, target_probs, generators, check_values=self.check_values, trees=True)
+        return walk(draft, target_probs, generators, draft.children, keep_rejected_mass=True)
 
 
 BROKEN_RULES: tuple[type[RejectionRule], ...] = (

@@ -3,7 +3,8 @@ ties); the first mismatch, or the position after the last draft token, emits the
 
 This is the rejection rule's limit for point-mass target laws (temperature 0) and needs no
 randomness. It is lossless for greedy decoding: the output equals plain greedy decoding of the
-target token for token. For temperature > 0 use :class:`~verispec.verify.RejectionRule`.
+target token for token. On a tree draft it takes the longest path whose every node is the
+target's argmax after its parent. For temperature > 0 use :class:`~verispec.verify.RejectionRule`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from verispec.verify.base import Draft, Verdict, assemble, check_inputs
+from verispec.verify.tree import walk
 
 
 class GreedyRule:
@@ -31,6 +33,9 @@ class GreedyRule:
         self.check_values = check_values
 
     def verify(self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]) -> Verdict:
+        if draft.is_tree:  # the longest path whose every node is the target's argmax after its parent
+            check_inputs(draft, target_probs, generators, check_values=self.check_values, trees=True)
+            return walk(draft, target_probs, [None] * draft.batch_size, "fixed")
         check_inputs(draft, target_probs, generators, check_values=self.check_values)
         k = draft.token_ids.shape[1]
         mode = target_probs.argmax(dim=2)  # [B, K + 1]

@@ -9,6 +9,9 @@ bonus token drawn from the target's law after the last draft token. Each emitted
 distributed exactly as ``target_probs``, whatever the drafter (the residual restores the mass the
 drafter under-proposed; the drafter need not cover the target's support).
 
+Tree drafts go to the tree rule that matches how their children were produced
+(:mod:`verispec.verify.tree`), which on a chain is this rule.
+
 Point-mass drafts (``Draft.probs is None``: n-gram lookup, greedy heads) are the case
 ``draft_probs = one_hot(x)``: accept with probability ``target_probs(x)``; the recovered token comes
 from ``target_probs`` with ``x`` removed.
@@ -29,6 +32,7 @@ from torch import Tensor
 
 from verispec.sampling import greedy_mask, pick, uniform_draws
 from verispec.verify.base import Draft, Verdict, assemble, check_inputs, gather_at
+from verispec.verify.tree import walk
 
 
 class RejectionRule:
@@ -45,6 +49,9 @@ class RejectionRule:
         self.check_values = check_values
 
     def verify(self, draft: Draft, target_probs: Tensor, generators: Sequence[torch.Generator | None]) -> Verdict:
+        if draft.is_tree:  # the tree rule made for how its children were produced
+            check_inputs(draft, target_probs, generators, check_values=self.check_values, trees=True)
+            return walk(draft, target_probs, generators, draft.children)
         check_inputs(draft, target_probs, generators, check_values=self.check_values)
         batch, k = draft.token_ids.shape
         vocab = target_probs.shape[2]
