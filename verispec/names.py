@@ -16,10 +16,13 @@ Precision = Literal["fp32", "bf16", "int8", "int4"]
 QUANTIZED = ("int8", "int4")
 
 #: Where draft tokens come from (``--drafter``): the draft model, prompt lookup, prompt lookup
-#: else the model, or none (plain decoding).
-DRAFTERS = ("model", "ngram", "composite", "none")
+#: else the model, the draft model's token trees, or none (plain decoding).
+DRAFTERS = ("model", "ngram", "composite", "tree", "none")
 #: The drafters that need a draft model.
-MODEL_DRAFTERS = ("model", "composite")
+MODEL_DRAFTERS = ("model", "composite", "tree")
+#: How a tree drafter's children are produced (``--tree-children``): top-k, i.i.d. draws, draws
+#: without replacement (each verified by the rule made for it).
+TREE_CHILDREN = ("fixed", "sampled", "distinct")
 
 #: Acceptance rules (``--rule``): rejection sampling (lossless; tree drafts get the tree rule
 #: made for how their children were produced), block verification of chains (lossless), the tree

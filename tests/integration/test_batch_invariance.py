@@ -10,6 +10,7 @@ import torch
 from tests.kernels import require_kernels
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
+from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
 from verispec.formats import packing
 from verispec.models.config import ModelConfig
@@ -98,6 +99,22 @@ def test_greedy_speculation_equals_greedy_plain(precision: str, drafter: str, k:
 
     plain = run("none", 0)
     assert run(drafter, k) == plain
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("children", ["fixed", "sampled", "distinct"])
+def test_greedy_tree_speculation_equals_greedy_plain(precision: str, children: str) -> None:
+    """Every tree node's logits are those of its path decoded alone, bit for bit (the kernels'
+    attention sums the visible keys in order, wherever the tree put them in the buffer)."""
+    target, draft = model(precision), model("int8", seed=1, noise=0.3)
+    params = SamplingParams(temperature=0, max_tokens=24)
+    d = make_drafter(
+        "tree", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=128, tree=TreeShape(4, 2, 2, 12),
+        tree_children=children, draft_head=64,
+    )  # fmt: skip
+    e = Engine(target, None, d, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=4, max_draft_tokens=12))
+    plain = Engine(target, None, None, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=0))
+    assert [o.token_ids for o in e.generate(PROMPTS, params)] == [o.token_ids for o in plain.generate(PROMPTS, params)]
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

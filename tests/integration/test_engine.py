@@ -8,9 +8,11 @@ import torch
 from tests.tiny import byte_tokenizer, tiny_config, tiny_pair
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
+from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
 from verispec.errors import ConfigError, InputError
 from verispec.models.transformer import Transformer, random_state_dict
+from verispec.verify.tree import depths
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 1, 2, 3, 4, 5, 6], [7], [2, 2, 2, 2, 2]]
 
@@ -47,6 +49,44 @@ def test_greedy_speculative_equals_plain_greedy(drafter: str) -> None:
     if drafter != "none":
         assert sum(o.stats.num_draft_tokens for o in outs) > 0
         assert sum(o.stats.num_accepted_tokens for o in outs) > 0
+
+
+@pytest.mark.parametrize("children", ["fixed", "sampled", "distinct"])
+def test_greedy_tree_speculation_equals_plain_greedy(children: str) -> None:
+    """fp32 on torch's kernels: each tree node is scored on its own path (tree mask, depth
+    positions), and the accepted path's KV is compacted into place."""
+    target, draft = tiny_pair(8)
+    d = make_drafter(
+        "tree", draft_model=draft, vocab_size=8, max_len=300, tree=TreeShape(4, 2, 2, 12), tree_children=children
+    )
+    e = Engine(target, None, d, EngineConfig(max_len=256, num_draft_tokens=4, max_draft_tokens=12))
+    outs = e.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == plain_greedy(target, prompt, 20), (children, prompt)
+    assert sum(o.stats.num_draft_tokens for o in outs) > sum(o.stats.num_accepted_tokens for o in outs) > 0
+
+
+def test_a_tree_drafter_proposes_trees_of_its_shape() -> None:
+    target, draft = tiny_pair(8)
+    d = make_drafter("tree", draft_model=draft, vocab_size=8, max_len=300, tree=TreeShape(3, 2, 2, 9))
+    seen: list[object] = []
+    propose = d.propose
+
+    def spy(batch, max_tokens):  # type: ignore[no-untyped-def]
+        draft_ = propose(batch, max_tokens)
+        seen.append(draft_)
+        return draft_
+
+    d.propose = spy  # type: ignore[method-assign]
+    e = Engine(target, None, d, EngineConfig(max_len=256, num_draft_tokens=3, max_draft_tokens=9))
+    e.generate([PROMPTS[1]], SamplingParams(temperature=0.8, seed=1, max_tokens=12))
+    for draft_ in seen:
+        assert draft_.is_tree and draft_.children == "fixed"
+        n = int(draft_.num_tokens[0])
+        assert 1 <= n <= 9
+        parents = draft_.parents[0, :n].tolist()
+        assert parents[:2] == [-1, -1]  # the root grows two children
+        assert max(depths(draft_.parents, draft_.num_tokens)[0].tolist()) <= 3
 
 
 def test_restricted_draft_head_greedy_equals_plain() -> None:

@@ -29,6 +29,11 @@ CASES = [
     EngineCase("ngram", 2, SamplingParams(temperature=1.0, top_p=0.9, frequency_penalty=0.4), 4),
     EngineCase("composite", 2, SamplingParams(temperature=0.9, min_p=0.1), 4),
     EngineCase("model", 3, SamplingParams(temperature=0.9), 5, draft_head=2),
+    EngineCase("tree", 2, SamplingParams(temperature=1.0), 4, tree="2,2,2,6", tree_children="fixed"),
+    EngineCase("tree", 2, SamplingParams(temperature=0.8, top_p=0.9), 4, tree="2,2,2,6", tree_children="sampled"),
+    EngineCase(
+        "tree", 2, SamplingParams(temperature=0.9, frequency_penalty=0.4), 4, tree="2,2,2,6", tree_children="distinct"
+    ),
 ]
 
 
@@ -43,4 +48,12 @@ def test_engine_is_lossless(case: EngineCase) -> None:
 def test_engine_with_a_broken_rule_fails(rule) -> None:  # type: ignore[no-untyped-def]
     case = EngineCase("model", 2, SamplingParams(temperature=1.0), 4)
     gof, _ = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE, broken_rule=rule)
+    assert gof.p_value < DEFAULT_ALPHA
+
+
+def test_a_tree_whose_accepted_path_was_not_compacted_fails() -> None:
+    """The next step must see the accepted path's keys and values, not the step's first entries."""
+    case = EngineCase("tree", 2, SamplingParams(temperature=1.0), 5, tree="2,3,3,9", tree_children="fixed")
+    gof, acceptance = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE, uncompacted_trees=True)
+    assert acceptance > 0.0
     assert gof.p_value < DEFAULT_ALPHA

@@ -405,12 +405,15 @@ class EngineCase:
     prefix_len: int
     rule: str = "rejection"
     draft_head: int | None = None  # restrict the draft model's head to the first N ids
+    tree: str | None = None  # the tree drafter's shape, "DEPTH,EXPAND,BRANCH[,MAX_NODES]"
+    tree_children: str = "fixed"
 
     def label(self) -> str:
         k = "auto" if self.k is None else str(self.k)
         head = f" head={self.draft_head}" if self.draft_head is not None else ""
+        tree = f" tree={self.tree} {self.tree_children}" if self.tree is not None else ""
         return (
-            f"engine {self.rule}/{self.drafter}{head} K={k} n={self.prefix_len} "
+            f"engine {self.rule}/{self.drafter}{head}{tree} K={k} n={self.prefix_len} "
             + CertificationCase("rejection", "model", 1, self.params, self.prefix_len).sampling_label()
         )
 
@@ -425,21 +428,25 @@ def certify_engine_case(
     prompt: Sequence[int] = (1, 2, 3),
     model_seed: int = 0,
     broken_rule: AcceptanceRule | None = None,
+    uncompacted_trees: bool = False,
     device: str = "cpu",
 ) -> tuple[GoodnessOfFit, float]:
     """Sample ``num_sequences`` requests through :class:`~verispec.engine.Engine` (each with its
     own seed) on a tiny target/draft transformer pair built in code, and test the first
     ``prefix_len`` tokens against the target's exact law. Returns the fit and the acceptance rate.
-    ``broken_rule`` swaps in a deliberately wrong rule (negative control); ``device`` runs the
-    engine there (the exact law is always computed on the CPU in fp32)."""
+    ``broken_rule`` swaps in a deliberately wrong rule, ``uncompacted_trees`` makes the engine keep
+    a tree step's first entries instead of its accepted path's (both negative controls);
+    ``device`` runs the engine there (the exact law is always computed on the CPU in fp32)."""
     from dataclasses import replace
 
     from verispec.certify.exact import exact_prefix_law_lm
     from verispec.certify.tiny import tiny_pair
     from verispec.config import EngineConfig
     from verispec.drafters.registry import make_drafter
+    from verispec.drafters.tree import TreeShape
     from verispec.engine import Engine
 
+    shape = TreeShape.parse(case.tree) if case.tree is not None else None
     if case.k is not None and case.prefix_len < case.k + 2:
         raise ConfigError(
             "the tested prefix must be at least K + 2 (the prefill's token, a full draft and its bonus "
@@ -451,20 +458,26 @@ def certify_engine_case(
     # Generate past the tested prefix, so that no draft inside it is cut short by max_tokens: the
     # first speculative step (after the prefill's token) drafts its full length, and its accepted
     # tokens and bonus token fall inside a prefix of K + 2.
-    draft_room = max(case.k or 4, 1) + 1
+    draft_room = max(case.k or 4, shape.max_nodes if shape else 1) + 1
     max_len = len(prompt) + case.prefix_len + draft_room + 1
     config = EngineConfig(
-        max_batch=batch, max_len=max_len, num_draft_tokens=case.k, max_draft_tokens=max(case.k or 4, 1),
+        max_batch=batch, max_len=max_len, num_draft_tokens=case.k, max_draft_tokens=draft_room - 1,
         spec=SpecConfig(rule=case.rule, allow_lossy=case.rule == "typical"),
     )  # fmt: skip
     # Prompt lookup from single tokens up: on a tiny vocabulary every token has occurred before.
     drafter = make_drafter(
         case.drafter, draft_model=draft, vocab_size=vocab_size, max_batch=batch, max_len=max_len + 16,
-        ngram_min=1, ngram_max=3, draft_head=case.draft_head,
+        ngram_min=1, ngram_max=3, draft_head=case.draft_head, tree=shape, tree_children=case.tree_children,
     )  # fmt: skip
     engine = Engine(target, None, drafter, config)
     if broken_rule is not None:
         engine.rule = broken_rule
+    if uncompacted_trees:  # WRONG: the step's first entries stay, not the accepted path's
+
+        def keep_prefix(batch: Any, draft: Any, accepted: list[int], paths: Any) -> None:
+            engine.cache.keep_step_prefix([1 + a for a in accepted], [r.cache_slot for r in batch])
+
+        engine._keep_accepted = keep_prefix  # type: ignore[method-assign]
     base = replace(case.params, max_tokens=case.prefix_len + draft_room)
     for i in range(num_sequences):
         engine.add_request(prompt, replace(base, seed=seed * 1_000_003 + i), request_id=str(i))

@@ -39,6 +39,9 @@ class BatchView:
     params: Sequence[SamplingParams]
     generators: Sequence[torch.Generator | None]
     budgets: Sequence[int] | None = None
+    #: the most draft nodes row b may propose at all (its remaining token allowance less the
+    #: bonus token: what its KV cache holds), for drafters whose draft is not a chain of K (trees)
+    room: Sequence[int] | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)

@@ -142,34 +142,51 @@ class ModelDrafter:
         """Append ``pieces[i]`` to ``states[i]``'s cache in one pass; return the logits ``[R, V]``
         fp32 after each row's last token (the law of its next token)."""
         device = self.model.device
+        num_new = [len(p) for p in pieces]
+        last = torch.tensor([[n - 1] for n in num_new], device=device)
+        logits = self._run(states, pieces, last)[:, 0]
+        for state, n in zip(states, num_new, strict=True):
+            state.fed += n
+        return logits
+
+    def _run(
+        self,
+        states: Sequence[_State],
+        pieces: Sequence[Sequence[int]],
+        at: Tensor,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """One draft pass appending ``pieces[i]`` to ``states[i]``'s cache (``positions`` /
+        ``mask`` as :meth:`~verispec.models.transformer.Transformer.forward` takes them, None: a
+        chain); the logits ``[R, N, V]`` fp32 at the step offsets ``at`` ``[R, N]``, on the
+        target's support (the restricted head's ids only, when the head is restricted)."""
+        device = self.model.device
         width = max(len(p) for p in pieces)
         tokens = torch.full((len(pieces), width), 0, dtype=torch.long)
         for row, piece in enumerate(pieces):
             tokens[row, : len(piece)] = torch.tensor(piece, dtype=torch.long)
         num_new = [len(p) for p in pieces]
-        last = torch.tensor([[n - 1] for n in num_new], device=device)
         slots = [s.slot for s in states]
         if self._head_ids is not None:
             none = torch.empty((len(pieces), 0), dtype=torch.long, device=device)
             hidden = self.model.forward_with_hidden(
-                tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=none
+                tokens.to(device), positions, self.cache, mask, num_new=num_new, slots=slots, logits_at=none
             ).hidden  # [R, T, C]
-            h = hidden.gather(1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))[:, 0]  # [R, C]
-            logits = torch.full((len(pieces), self.vocab_size), float("-inf"), device=device)
+            h = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [R, N, C]
+            logits = torch.full((len(pieces), at.shape[1], self.vocab_size), float("-inf"), device=device)
             if self._head_module is not None:
-                scores = self._head_module(h)  # [R, H]
+                scores = self._head_module(h)  # [R, N, H]
             else:
                 assert self._head_weight is not None
                 scores = torch.nn.functional.linear(h, self._head_weight)
-            logits[:, self._head_ids] = scores.float()
+            logits[:, :, self._head_ids] = scores.float()
         else:
-            out = self.model.forward(
-                tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=last
-            )  # [R, 1, V_draft]
-            logits = out[:, 0]
-        for state, n in zip(states, num_new, strict=True):
-            state.fed += n
-        return self._fit(logits)
+            logits = self.model.forward(
+                tokens.to(device), positions, self.cache, mask, num_new=num_new, slots=slots, logits_at=at
+            )  # [R, N, V_draft]
+        r, n, v = logits.shape
+        return self._fit(logits.reshape(r * n, v)).reshape(r, n, -1)
 
     def _fit(self, logits: Tensor) -> Tensor:
         """Draft logits ``[R, V_draft]`` on the target's support: width ``vocab_size``, ids past

@@ -7,6 +7,7 @@ from verispec.drafters.composite import CompositeDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.drafters.plain import PlainDrafter
+from verispec.drafters.tree import TreeDrafter, TreeShape
 from verispec.errors import ConfigError
 from verispec.models.protocol import LanguageModel
 from verispec.names import DRAFTERS
@@ -24,8 +25,11 @@ def make_drafter(
     ngram_max: int = 4,
     draft_head: int | None = None,
     keep_ids: tuple[int, ...] = (),
+    tree: TreeShape | None = None,
+    tree_children: str = "fixed",
 ) -> Drafter:
-    """Build the drafter ``name`` ("none" = plain decoding: a drafter that proposes nothing)."""
+    """Build the drafter ``name`` ("none" = plain decoding: a drafter that proposes nothing;
+    "tree": the draft model's token trees of shape ``tree`` and children ``tree_children``)."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
     if name == "none":
@@ -34,6 +38,11 @@ def make_drafter(
         return NgramDrafter(ngram_min, ngram_max)
     if draft_model is None:
         raise ConfigError(f"drafter {name!r} needs a draft model; pass --draft (or use --drafter ngram)")
+    if name == "tree":
+        return TreeDrafter(
+            draft_model, shape=tree or TreeShape(), children=tree_children, vocab_size=vocab_size,
+            vocab_limit=vocab_limit, max_batch=max_batch, max_len=max_len, head_size=draft_head, keep_ids=keep_ids,
+        )  # fmt: skip
     model = ModelDrafter(
         draft_model, vocab_size=vocab_size, vocab_limit=vocab_limit, max_batch=max_batch, max_len=max_len,
         head_size=draft_head, keep_ids=keep_ids,

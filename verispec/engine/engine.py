@@ -41,6 +41,7 @@ from verispec.engine.request import Request, RequestOutput
 from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.formats.tokenizer import Tokenizer
 from verispec.models.protocol import LanguageModel
+from verispec.models.transformer import tree_attention_mask
 from verispec.sampling import Laws, TokenHistory, build_laws, cut_vocab, make_generator
 from verispec.verify import Draft, make_rule
 
@@ -197,7 +198,7 @@ class Engine:
             last = self._feed_prompts(batch)  # [B, V]
         except VerispecError as exc:
             return [self._fail(req, exc) for req in batch]
-        _, rows, failed = self._judge(last.unsqueeze(1), batch, self._empty_draft(len(batch)))
+        _, rows, _, failed = self._judge(last.unsqueeze(1), batch, self._empty_draft(len(batch)))
         first = [row[0] if row else -1 for row in rows]
         now = time.perf_counter()
         outputs = [self._fail(batch[i], exc) for i, exc in failed.items()]
@@ -247,13 +248,13 @@ class Engine:
         budgets = [r.max_output - r.num_output - 1 for r in batch]  # drafting past max_tokens is waste
         ks = self.policy.draft_lengths(batch, budgets)  # 1. a draft length per request (0 = none)
         self.recorder.start()
-        draft = self._propose(batch, ks, self.policy.ceilings(budgets))  # 2. the drafter proposes
+        draft = self._propose(batch, ks, self.policy.ceilings(budgets), budgets)  # 2. the drafter proposes
         self.recorder.drafted()
         counts = draft.num_tokens.tolist()  # host ints: drafters build drafts on the host
         logits = self._verify_pass(batch, draft, counts)  # 3. one target pass: [B, K + 1, V] fp32
         draft = self._on_device(draft, self.target.device)
-        accepted, rows, failed = self._judge(logits, batch, draft)  # 4-5. laws, then the rule
-        self.cache.keep_step_prefix([1 + a for a in accepted], [r.cache_slot for r in batch])  # 6. commit
+        accepted, rows, paths, failed = self._judge(logits, batch, draft)  # 4-5. laws, then the rule
+        self._keep_accepted(batch, draft, accepted, paths)  # 6. commit: the accepted path's KV stays
         self.recorder.verified()
         step = self.recorder.record(counts, accepted, self.drafter.last_catchup_tokens)
         self.policy.observe(batch, counts, accepted, step.draft_sample, step.verify_seconds)
@@ -269,13 +270,14 @@ class Engine:
                 outputs.append(self._fail(batch[i], exc))
         return outputs
 
-    def _propose(self, batch: list[Request], ks: list[int], ceilings: list[int]) -> Draft:
+    def _propose(self, batch: list[Request], ks: list[int], ceilings: list[int], room: list[int]) -> Draft:
         """The drafter's proposal for the rows with ``ks[b] > 0`` (nothing is asked of it, and no
         randomness spent, when no row drafts); a drafter fault costs this step its draft."""
         if not any(ks):
             return self._empty_draft(len(batch))
+        room = [min(r, self.config.max_draft_tokens) for r in room]
         view = BatchView(
-            [r.request_id for r in batch], [r.params for r in batch], [r.generator for r in batch], ceilings
+            [r.request_id for r in batch], [r.params for r in batch], [r.generator for r in batch], ceilings, room
         )
         try:
             return self.drafter.propose(view, ks)
@@ -285,20 +287,41 @@ class Engine:
 
     def _verify_pass(self, batch: list[Request], draft: Draft, counts: list[int]) -> Tensor:
         """ONE target pass over ``[pending token, draft tokens]`` per row (right-padded, each row at
-        its own cache length): logits ``[B, K + 1, V]`` fp32."""
+        its own cache length): logits ``[B, K + 1, V]`` fp32. A tree's nodes see their ancestors
+        only (tree mask) at positions ``length + depth``, so each node's logits are those of its
+        path decoded alone."""
         device = self.target.device
         pending = torch.tensor([[r.pending] for r in batch], dtype=torch.long, device=device)  # [B, 1]
         tokens = torch.cat([pending, draft.token_ids.to(device).clamp_min(0)], dim=1)  # [B, K + 1]
         slots = [r.cache_slot for r in batch]
-        return self.target.forward(tokens, None, self.cache, num_new=[1 + n for n in counts], slots=slots)
+        positions = mask = None
+        if draft.is_tree:
+            assert draft.parents is not None
+            step_parents = torch.cat([torch.full_like(pending, -1), draft.parents.to(device).clamp_min(-1) + 1], 1)
+            mask = tree_attention_mask(step_parents)  # [B, K + 1, K + 1]
+            lengths = self.cache.lengths.index_select(0, torch.tensor(slots, device=self.cache.lengths.device))
+            positions = lengths.to(device).unsqueeze(1) + mask.sum(dim=2) - 1  # [B, K + 1]: length + depth
+        return self.target.forward(tokens, positions, self.cache, mask, num_new=[1 + n for n in counts], slots=slots)
+
+    def _keep_accepted(self, batch: list[Request], draft: Draft, accepted: list[int], paths: list[list[int]]) -> None:
+        """Roll the target's cache back to the committed tokens: a chain keeps the first 1 +
+        accepted entries of the step; a tree moves its accepted path's entries into place."""
+        slots = [r.cache_slot for r in batch]
+        if not draft.is_tree:
+            self.cache.keep_step_prefix([1 + a for a in accepted], slots)
+            return
+        keep = torch.zeros((len(batch), 1 + max(accepted, default=0)), dtype=torch.long)  # [B, M]: step offsets
+        for b, path in enumerate(paths):
+            keep[b, 1 : 1 + len(path)] = torch.tensor(path, dtype=torch.long) + 1  # (the rest is ignored)
+        self.cache.compact(slots, keep, [1 + a for a in accepted])
 
     def _judge(
         self, logits: Tensor, batch: list[Request], draft: Draft
-    ) -> tuple[list[int], list[list[int]], dict[int, VerispecError]]:
-        """Laws and verdicts for the batch: accepted counts and output tokens per row, and the rows
-        that failed. A row whose laws cannot be built (NaN logits, every token banned, ...) fails
-        alone and the others are judged without it; their randomness is untouched, as each request
-        draws only from its own generator."""
+    ) -> tuple[list[int], list[list[int]], list[list[int]], dict[int, VerispecError]]:
+        """Laws and verdicts for the batch: accepted counts, output tokens and accepted tree nodes
+        (empty for chains) per row, and the rows that failed. A row whose laws cannot be built (NaN
+        logits, every token banned, ...) fails alone and the others are judged without it; their
+        randomness is untouched, as each request draws only from its own generator."""
         b, t, _ = logits.shape
         laws = self._laws(logits, batch, draft)
         failed: dict[int, VerispecError] = {}
@@ -307,40 +330,47 @@ class Engine:
         keep = [i for i in range(b) if i not in failed]
         accepted: list[int] = [0] * b
         rows: list[list[int]] = [[] for _ in range(b)]
+        paths: list[list[int]] = [[] for _ in range(b)]
         if not keep:
-            return accepted, rows, failed
+            return accepted, rows, paths, failed
         probs = laws.probs.reshape(b, t, -1)
         if failed:
             index = torch.tensor(keep, device=probs.device)
             probs, draft = probs.index_select(0, index), self._draft_rows(draft, keep)
-        kept, kept_rows, bad = self._verify(draft, probs, [batch[i] for i in keep])
+        kept, kept_rows, kept_paths, bad = self._verify(draft, probs, [batch[i] for i in keep])
         for j, i in enumerate(keep):
-            accepted[i], rows[i] = kept[j], kept_rows[j]
+            accepted[i], rows[i], paths[i] = kept[j], kept_rows[j], kept_paths[j]
             if j in bad:
                 failed[i] = bad[j]
-        return accepted, rows, failed
+        return accepted, rows, paths, failed
 
     def _verify(
         self, draft: Draft, probs: Tensor, batch: list[Request]
-    ) -> tuple[list[int], list[list[int]], dict[int, VerispecError]]:
+    ) -> tuple[list[int], list[list[int]], list[list[int]], dict[int, VerispecError]]:
         """The rule's verdict on ``probs`` ``[B, K + 1, V]``; if it refuses the batch (a draft whose
         reported law is not a law, ...), each row again on its own, so that only the culprit fails."""
         try:
             verdict = self.rule.verify(draft, probs, [r.generator for r in batch])
-            return verdict.num_accepted.tolist(), verdict.tokens(), {}
+            num = verdict.num_accepted.tolist()
+            paths: list[list[int]] = [[] for _ in num]
+            if verdict.path is not None:
+                paths = [p[:n] for p, n in zip(verdict.path.tolist(), num, strict=True)]
+            return num, verdict.tokens(), paths, {}
         except VerispecError as exc:
             if len(batch) == 1:
-                return [0], [[]], {0: exc}
+                return [0], [[]], [[]], {0: exc}
         accepted: list[int] = []
         rows: list[list[int]] = []
+        paths_: list[list[int]] = []
         failed: dict[int, VerispecError] = {}
         for i, req in enumerate(batch):
-            a, r, bad = self._verify(self._draft_rows(draft, [i]), probs[i : i + 1], [req])
+            a, r, p, bad = self._verify(self._draft_rows(draft, [i]), probs[i : i + 1], [req])
             accepted.append(a[0])
             rows.append(r[0])
+            paths_.append(p[0])
             if bad:
                 failed[i] = bad[0]
-        return accepted, rows, failed
+        return accepted, rows, paths_, failed
 
     @staticmethod
     def _draft_rows(draft: Draft, rows: list[int]) -> Draft:
@@ -356,7 +386,8 @@ class Engine:
         if any(r.params.uses_history for r in batch):
             rows = [r.history if r.history is not None else self._blank_history() for r in batch]
             base = TokenHistory(torch.cat([h.output_counts for h in rows]), torch.cat([h.prompt_mask for h in rows]))
-            history = base.for_verification(draft.token_ids.to(logits.device)) if t > 1 else base
+            parents = draft.parents.to(logits.device) if draft.parents is not None else None
+            history = base.for_verification(draft.token_ids.to(logits.device), parents) if t > 1 else base
         return build_laws(logits.reshape(b * t, v), params, history)
 
     def _blank_history(self) -> TokenHistory:

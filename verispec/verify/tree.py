@@ -132,7 +132,7 @@ def walk(
             q_x = law.gather(1, x.unsqueeze(1)).squeeze(1).to(torch.float64)
             q_z = q_mass
             if kind == "distinct":  # a later sibling the draft law no longer holds (its support ran
-                tried = tried & (fresh | (q_x > 0))  # out): not a draw without replacement, skipped
+                tried = tried & (fresh | (q_x > 0) | ~sampled)  # out): not a draw without replacement, skipped
         accept_s = (q_x > 0) & (u[:, j] * q_x * mass < r_x * q_z)
         accept = torch.where(sampled, accept_s, x == mode) & tried  # [B]
         reject = tried & ~accept & sampled

@@ -1,0 +1,269 @@
+"""Token trees from the draft model: several continuations per step, verified in one target pass.
+
+Each step grows a tree level by level (dynamic expansion, as EAGLE-2 does: Li et al. 2024,
+"EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees"): the root is the last
+committed token; at every level the ``expand`` nodes of the last level whose paths the draft
+finds likeliest (the product of the draft probabilities of their tokens) each get ``branch``
+children, until the tree is ``depth`` deep or holds ``max_nodes`` nodes. A node's children come
+from the draft's law after its path, as ``children`` says (:class:`~verispec.verify.Draft`):
+
+- ``"fixed"``: its ``branch`` likeliest tokens (top-k; no randomness) — with the point-mass rule;
+- ``"sampled"``: ``branch`` i.i.d. draws — with SpecInfer's multi-round rule;
+- ``"distinct"``: ``branch`` draws without replacement — with Sequoia's rule.
+
+Which nodes grow, and how many children each gets, is decided before their children are drawn,
+from the draft's own numbers: the children of a node are then honest draws of the declared kind,
+which is what the rules need. Greedy requests always take top-k children (their rule is argmax
+matching, whatever the children). With ``expand = branch = 1`` the tree is a chain.
+
+Draft passes: level ``d`` feeds every node drafted so far with a tree mask (each sees its
+ancestors, at position ``length + depth``), after the cache has been rolled back to the committed
+tokens, and reads the logits of the nodes it grows: ``depth`` passes of a few rows each, which
+cost about one row each while the draft's pass is memory-bound. The tree's entries are dropped
+from the draft cache when drafting ends; the accepted path comes back as the next step's catch-up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from verispec.drafters.base import BatchView
+from verispec.drafters.model import ModelDrafter, _State
+from verispec.errors import ConfigError, InputError
+from verispec.models.protocol import LanguageModel
+from verispec.models.transformer import tree_attention_mask
+from verispec.sampling import TokenHistory, build_laws, sample
+from verispec.verify.base import CHILDREN, PAD_ID, Draft
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How a step's tree grows: ``depth`` levels at most, ``expand`` nodes grown per level,
+    ``branch`` children per grown node, ``max_nodes`` nodes in all."""
+
+    depth: int = 4
+    expand: int = 2
+    branch: int = 2
+    max_nodes: int = 12
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "expand", "branch", "max_nodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"tree {name} must be an integer >= 1, got {value!r}")
+
+    @staticmethod
+    def parse(text: str) -> TreeShape:
+        """``"DEPTH,EXPAND,BRANCH[,MAX_NODES]"``, e.g. ``"4,2,2,12"``."""
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if len(values) not in (3, 4):
+            raise ConfigError(f"--tree takes DEPTH,EXPAND,BRANCH[,MAX_NODES] (e.g. 4,2,2,12), got {text!r}")
+        depth, expand, branch = values[:3]
+        return TreeShape(depth, expand, branch, values[3] if len(values) == 4 else depth * expand * branch)
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # index of the parent node, -1 for the root
+    depth: int
+    logp: float  # log of the draft probability of the path
+    law: Tensor | None  # [V] the law the token was drawn from (sampled / distinct), else None
+
+
+class TreeDrafter(ModelDrafter):
+    """A draft model that proposes token trees (see the module docstring)."""
+
+    name: ClassVar[str] = "tree"
+
+    def __init__(
+        self, model: LanguageModel, *, shape: TreeShape = TreeShape(), children: str = "fixed", **kwargs: object
+    ) -> None:
+        if children not in CHILDREN:
+            raise ConfigError(f"tree children must be one of {', '.join(CHILDREN)}, got {children!r}")
+        super().__init__(model, **kwargs)  # type: ignore[arg-type]
+        self.shape = shape
+        self.children = children
+
+    def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
+        state = self._get(request_id)
+        state.last_k = 0  # the tree left the cache at the end of propose(); the path comes back as catch-up
+
+    @torch.inference_mode()
+    def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
+        n = len(batch)
+        rows = [b for b in range(n) if max_tokens[b] > 0]
+        states = [self._get(batch.request_ids[b]) for b in rows]
+        for b, state in zip(rows, states, strict=True):
+            if len(state.context) + self.shape.max_nodes + 1 > self.max_len:
+                raise InputError(f"draft cache overflow for request {batch.request_ids[b]!r}")
+        trees: dict[int, list[_Node]] = {b: [] for b in rows}
+        # nodes per row: the shape's, within what the engine's cache holds for the row this step
+        caps = [min(self.shape.max_nodes, batch.room[b]) if batch.room else self.shape.max_nodes for b in rows]
+        self.last_catchup_tokens = 0
+        if rows:
+            self.last_catchup_tokens = max(len(s.context) - s.fed for s in states)
+            self._grow(batch, rows, states, [max_tokens[b] for b in rows], caps, trees)
+        return self._assemble(n, trees)
+
+    def _grow(
+        self,
+        batch: BatchView,
+        rows: list[int],
+        states: list[_State],
+        depth_caps: list[int],
+        node_caps: list[int],
+        trees: dict[int, list[_Node]],
+    ) -> None:
+        shape = self.shape
+        histories = self._histories(batch, rows, states)
+        # the root's law: the catch-up (tokens committed since the last step) fed as a chain
+        root_logits = self._feed(states, [s.context[s.fed :] for s in states])  # [R, V]
+        frontier: list[list[int]] = [[-1] for _ in rows]  # per row: the nodes to grow (-1 = the root)
+        frontier_logits: list[Tensor] = [root_logits[j : j + 1] for j in range(len(rows))]
+        for level in range(1, shape.depth + 1):
+            grown_any = False
+            for j, b in enumerate(rows):
+                nodes = trees[b]
+                if level > depth_caps[j] or not frontier[j]:
+                    frontier[j] = []
+                    continue
+                laws = self._laws(batch, b, frontier[j], frontier_logits[j], nodes, histories[j] if histories else None)
+                new: list[int] = []
+                for parent, law in zip(frontier[j], laws, strict=True):
+                    room = node_caps[j] - len(nodes)
+                    if room <= 0 or law is None:
+                        continue
+                    base = 0.0 if parent < 0 else nodes[parent].logp
+                    depth = 1 if parent < 0 else nodes[parent].depth + 1
+                    for token in self._children(law, min(shape.branch, room), batch.generators[b]):
+                        p = float(law[token])
+                        logp = base + (math.log(p) if p > 0 else float("-inf"))
+                        keep_law = law if (self.children != "fixed" and batch.generators[b] is not None) else None
+                        nodes.append(_Node(token, parent, depth, logp, keep_law))
+                        new.append(len(nodes) - 1)
+                # the likeliest new nodes grow next, decided before their children are drawn
+                new.sort(key=lambda i: -nodes[i].logp)
+                frontier[j] = new[: shape.expand] if level < min(shape.depth, depth_caps[j]) else []
+                grown_any = grown_any or bool(frontier[j])
+            if not grown_any:
+                break
+            frontier_logits = self._tree_logits(rows, states, trees, frontier)
+        for state in states:  # the tree leaves the draft cache; the committed tokens stay
+            self.cache.truncate([state.fed], [state.slot])
+
+    def _laws(
+        self,
+        batch: BatchView,
+        b: int,
+        parents: list[int],
+        logits: Tensor,
+        nodes: list[_Node],
+        history: TokenHistory | None,
+    ) -> list[Tensor | None]:
+        """The draft's law after each of ``parents`` (None where it cannot be built)."""
+        hist = None
+        if history is not None:
+            paths = [self._path(nodes, p) for p in parents]
+            width = max((len(p) for p in paths), default=0)
+            ids = torch.full((len(paths), width), PAD_ID, dtype=torch.long, device=self.model.device)
+            for r, path in enumerate(paths):
+                if path:
+                    ids[r, : len(path)] = torch.tensor([nodes[i].token for i in path], device=self.model.device)
+            base = TokenHistory(
+                history.output_counts.expand(len(parents), -1), history.prompt_mask.expand(len(parents), -1)
+            )
+            hist = base.extended(ids)
+        params = batch.params[b]
+        if batch.generators[b] is None:  # greedy: rank candidates by the draft's untempered law
+            params = replace(params, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+        built = build_laws(logits, [params] * len(parents), hist)
+        return [None if r in built.failed else built.probs[r] for r in range(len(parents))]
+
+    def _children(self, law: Tensor, count: int, gen: torch.Generator | None) -> list[int]:
+        """``count`` children from ``law`` as ``self.children`` says (top-k for greedy requests)."""
+        support = int((law > 0).sum())
+        count = min(count, support) if self.children != "sampled" or gen is None else count
+        if count <= 0:
+            return []
+        if self.children == "fixed" or gen is None:
+            return law.topk(count).indices.tolist()
+        if self.children == "sampled":
+            return sample(law.unsqueeze(0).expand(count, -1), [gen] * count).tolist()
+        drawn: list[int] = []
+        rest = law.clone()
+        for _ in range(count):  # without replacement: each from the law less the earlier ones
+            token = int(sample(rest.unsqueeze(0), [gen])[0])
+            drawn.append(token)
+            rest[token] = 0.0
+        return drawn
+
+    @staticmethod
+    def _path(nodes: list[_Node], node: int) -> list[int]:
+        path: list[int] = []
+        while node >= 0:
+            path.append(node)
+            node = nodes[node].parent
+        return path[::-1]
+
+    def _tree_logits(
+        self, rows: list[int], states: list[_State], trees: dict[int, list[_Node]], frontier: list[list[int]]
+    ) -> list[Tensor]:
+        """Roll each row's draft cache back to its committed tokens, feed its tree so far (tree
+        mask, positions ``length + depth - 1``) and return the logits after each frontier node."""
+        device = self.model.device
+        active = [j for j in range(len(rows)) if frontier[j]]
+        out: list[Tensor] = [torch.empty(0) for _ in rows]
+        if not active:
+            return out
+        sub = [states[j] for j in active]
+        for state in sub:
+            self.cache.truncate([state.fed], [state.slot])
+        pieces = [[node.token for node in trees[rows[j]]] for j in active]
+        width = max(len(p) for p in pieces)
+        parents = torch.full((len(active), width), -1, dtype=torch.long)
+        depths = torch.zeros((len(active), width), dtype=torch.long)
+        for r, j in enumerate(active):
+            nodes = trees[rows[j]]
+            parents[r, : len(nodes)] = torch.tensor([node.parent for node in nodes], dtype=torch.long)
+            depths[r, : len(nodes)] = torch.tensor([node.depth for node in nodes], dtype=torch.long)
+        mask = tree_attention_mask(parents).to(device)  # [R, T, T]
+        lengths = torch.tensor([s.fed for s in sub], dtype=torch.long)
+        positions = (lengths.unsqueeze(1) + depths - 1).to(device)  # the node at depth d follows d - 1 ancestors
+        most = max(len(frontier[j]) for j in active)
+        at = torch.zeros((len(active), most), dtype=torch.long)
+        for r, j in enumerate(active):
+            at[r, : len(frontier[j])] = torch.tensor(frontier[j], dtype=torch.long)
+        logits = self._run(sub, pieces, at.to(device), positions, mask)  # [R, F, V]
+        for r, j in enumerate(active):
+            out[j] = logits[r, : len(frontier[j])]
+        return out
+
+    def _assemble(self, n: int, trees: dict[int, list[_Node]]) -> Draft:
+        k = max((len(t) for t in trees.values()), default=0)
+        ids = torch.full((n, k), PAD_ID, dtype=torch.long)
+        parents = torch.full((n, k), PAD_ID, dtype=torch.long)
+        num = torch.zeros(n, dtype=torch.long)
+        probs = None
+        if self.children != "fixed":
+            probs = torch.zeros((n, k, self.vocab_size), dtype=torch.float32, device=self.model.device)
+        for b, nodes in trees.items():
+            num[b] = len(nodes)
+            for i, node in enumerate(nodes):
+                ids[b, i] = node.token
+                parents[b, i] = node.parent
+                if probs is not None:
+                    if node.law is not None:
+                        probs[b, i] = node.law
+                    else:  # a greedy request's top-k child: any law that holds it will do
+                        probs[b, i, node.token] = 1.0
+        return Draft(ids, num, probs, parents, self.children)
