@@ -16,8 +16,9 @@ Precision = Literal["fp32", "bf16", "int8", "int4"]
 QUANTIZED = ("int8", "int4")
 
 #: Where draft tokens come from (``--drafter``): the draft model, prompt lookup, prompt lookup
-#: else the model, the draft model's token trees, or none (plain decoding).
-DRAFTERS = ("model", "ngram", "composite", "tree", "none")
+#: else the model, the draft model's token trees, trees of earlier continuations of the current
+#: suffix (no model), or none (plain decoding).
+DRAFTERS = ("model", "ngram", "composite", "tree", "suffix", "none")
 #: The drafters that need a draft model.
 MODEL_DRAFTERS = ("model", "composite", "tree")
 #: How a tree drafter's children are produced (``--tree-children``): top-k, i.i.d. draws, draws
@@ -30,3 +31,5 @@ TREE_CHILDREN = ("fixed", "sampled", "distinct")
 #: deterministic children; a draft of other children is an error), greedy matching (exact at
 #: temperature 0), Medusa's typical acceptance (lossy, needs an explicit opt-in).
 RULES = ("rejection", "block", "specinfer", "sequoia", "point-mass", "greedy", "typical")
+#: The rules that keep the target's law at every temperature (what generate / serve / bench take).
+LOSSLESS_RULES = ("rejection", "block", "specinfer", "sequoia", "point-mass")

@@ -122,6 +122,8 @@ def build(
     rule: str = "rejection",
     allow_lossy: bool = False,
     draft_head: int | None = None,
+    tree: str | None = None,
+    tree_children: str = "fixed",
     progress: ProgressFn | None = None,
 ) -> Pipeline:
     """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
@@ -129,7 +131,9 @@ def build(
     "bf16", "int8" or "int4" (see :mod:`verispec.formats.loader`; the draft's default is
     :func:`~verispec.formats.loader.default_draft_dtype`: int8 where the CPU kernels run, else
     ``dtype``); ``draft_head``: score only the first N token ids (and the stop ids) with the draft
-    model."""
+    model; ``tree`` / ``tree_children``: the tree drafter's shape ("D,E,B[,N]",
+    :class:`~verispec.drafters.tree.TreeShape`) and how its children are drawn. A tree's depth
+    is ``k`` when given, else the shape's (the measured policy chooses chain lengths only)."""
     if drafter not in DRAFTERS:
         raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
     if draft_dtype is None and drafter in MODEL_DRAFTERS and dtype in PRECISIONS:
@@ -140,9 +144,18 @@ def build(
     device = check_device(device)
     for value in {dtype, draft_dtype or dtype}:
         check_precision(value, device)  # before any loading: int4/int8 need this CPU's AMX kernels
+    shape = None
+    if drafter == "tree":
+        from verispec.drafters.tree import TreeShape
+
+        shape = TreeShape.parse(tree) if tree is not None else TreeShape()
+        k = shape.depth if k is None else k
+    elif tree is not None:
+        raise ConfigError("--tree shapes the tree drafter; add --drafter tree")
     config = EngineConfig(
-        max_batch=max_batch, max_len=max_len, num_draft_tokens=k, spec=SpecConfig(rule=rule, allow_lossy=allow_lossy)
-    )
+        max_batch=max_batch, max_len=max_len, num_draft_tokens=k, spec=SpecConfig(rule=rule, allow_lossy=allow_lossy),
+        max_draft_tokens=max(8, shape.max_nodes if shape else 0),
+    )  # fmt: skip
     # KV caches larger than the machine are refused before any weight is read (where the configs
     # can be read cheaply); the caches' own check catches the rest.
     sizes = [(target, dtype)] + ([(draft, draft_dtype or dtype)] if drafter in MODEL_DRAFTERS and draft else [])
@@ -167,6 +180,8 @@ def build(
         max_len=max_len + config.max_draft_tokens + 1,
         draft_head=draft_head,
         keep_ids=tuple(target_model.tokenizer.eos_token_ids),
+        tree=shape,
+        tree_children=tree_children,
     )
     policy = None
     if d.proposes and k is None:

@@ -30,6 +30,7 @@ CASES = [
     EngineCase("composite", 2, SamplingParams(temperature=0.9, min_p=0.1), 4),
     EngineCase("model", 3, SamplingParams(temperature=0.9), 5, draft_head=2),
     EngineCase("tree", 2, SamplingParams(temperature=1.0), 4, tree="2,2,2,6", tree_children="fixed"),
+    EngineCase("suffix", 2, SamplingParams(temperature=0.8, top_k=3), 4),
     EngineCase("tree", 2, SamplingParams(temperature=0.8, top_p=0.9), 4, tree="2,2,2,6", tree_children="sampled"),
     EngineCase(
         "tree", 2, SamplingParams(temperature=0.9, frequency_penalty=0.4), 4, tree="2,2,2,6", tree_children="distinct"

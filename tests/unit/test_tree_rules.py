@@ -381,3 +381,16 @@ def test_draft_children_must_fit_its_probs():
         Draft(ids, num, None, None, "distinct")
     with pytest.raises(InputError, match="one of"):
         Draft(ids, num, None, None, "beam")
+
+
+def test_greedy_rows_of_a_distinct_tree_try_every_sibling():
+    """A greedy request's children in a "distinct" draft carry one-hot laws (the drafter took its
+    top-k): the walk must not mistake a later sibling for an exhausted draw and skip it."""
+    vocab = 4
+    target = torch.tensor([[[0.1, 0.2, 0.6, 0.1], [0.25] * 4, [0.7, 0.1, 0.1, 0.1]]])
+    probs = torch.zeros((1, 2, vocab))
+    probs[0, 0, 1] = probs[0, 1, 2] = 1.0  # top-2 children 1 and 2, each with a point-mass law
+    draft = Draft(torch.tensor([[1, 2]]), torch.tensor([2]), probs, torch.tensor([[-1, -1]]), "distinct")
+    for verdict in (walk(draft, target, [None], "distinct"), reference_tree(draft, target, [None], "distinct")):
+        assert verdict.path[0, 0].item() == 1  # token 2 is the target's argmax
+        assert verdict.output_ids[0].tolist() == [2, 0, PAD_ID]  # then the argmax after node 1

@@ -54,13 +54,17 @@ def local_pipelines(
     max_batch: int = 4,
     max_len: int = 2048,
     draft_head: int | None = None,
+    tree: str | None = None,
+    tree_children: str = "fixed",
+    rule: str = "rejection",
 ) -> tuple[Pipeline, Pipeline]:
     """The baseline and speculative pipelines of one pair, sharing the loaded target."""
     if drafter == "none" or k == 0:
         raise ConfigError("the gate compares speculation against plain decoding: choose a drafter and K >= 1 (or auto)")
     spec = build(
         target, draft, drafter=drafter, k=k, dtype=dtype, draft_dtype=draft_dtype, device=device,
-        max_batch=max_batch, max_len=max_len, draft_head=draft_head,
+        max_batch=max_batch, max_len=max_len, draft_head=draft_head, tree=tree, tree_children=tree_children,
+        rule=rule,
     )  # fmt: skip
     return Pipeline(baseline_engine(spec.engine), spec.target, None), spec
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from verispec.config import SamplingParams
 from verispec.errors import ConfigError
-from verispec.names import DRAFTERS, RULES
+from verispec.names import DRAFTERS, RULES, TREE_CHILDREN
 
 T = TypeVar("T")
 
@@ -92,11 +94,22 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--drafter",
         default="model",
-        choices=["model", "point-mass", "ngram", "composite"],
+        choices=["model", "point-mass", "ngram", "composite", "tree"],
         help="model: draft tokens sampled from a draft model, with their laws reported; point-mass: "
         "the draft model's mode proposed with no law (like n-gram lookup); with --engine: model, "
-        "ngram (prompt lookup) or composite. Default: model",
+        "ngram (prompt lookup), composite or tree. Default: model",
     )
+    p.add_argument(
+        "--tree", default=None, metavar="D,E,B[,N]",
+        help="certify token trees of this shape (D levels, the first E nodes of each level growing B "
+        "children, N nodes at most) instead of chains; with --engine, the tree drafter's shape (needs "
+        "--drafter tree). K is then the number of nodes (rules) or the depth cap (engine)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tree-children", default="fixed", choices=TREE_CHILDREN,
+        help="how the tree's children are drawn: fixed (top-k), sampled (i.i.d.), distinct (without "
+        "replacement); each goes to the rule made for it (default fixed)",
+    )  # fmt: skip
     p.add_argument(
         "--k",
         type=_list(_k_value, "--k"),
@@ -162,11 +175,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
-    from verispec.certify.core import ToySetup, grid, negative_controls, run_cases
+    from verispec.certify.core import grid, negative_controls
 
     if args.samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {args.samples}")
@@ -178,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.engine:
         return run_engine(args)
+    if args.tree is not None:
+        return run_trees(args)
     if args.drafter not in ("model", "point-mass"):
         raise ConfigError(f"--drafter {args.drafter} needs --engine; without it use model or point-mass")
     if None in args.k:
@@ -195,6 +206,41 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.negative_controls:
         cases += negative_controls(args.k[0])
+    return report(args, cases)
+
+
+def run_trees(args: argparse.Namespace) -> int:
+    """``verispec certify --tree D,E,B``: the tree rules on a static tree of that shape."""
+    from verispec.certify.core import CertificationCase, tree_negative_controls
+    from verispec.drafters.tree import TreeShape
+
+    tree = TreeShape.parse(args.tree).static_parents()
+    drafter = {"fixed": "point-mass", "sampled": "model", "distinct": "model-distinct"}[args.tree_children]
+    if args.rule in ("block", "typical"):
+        raise ConfigError(f"--rule {args.rule} verifies chains; certify trees with rejection, a tree rule or greedy")
+    base = SamplingParams(
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+    )
+    depth = CertificationCase("rejection", drafter, len(tree), base, 1, tree).depth
+    cases = []
+    for t, tk, tp, mp in itertools.product(args.temperature, args.top_k, args.top_p, args.min_p):
+        params = replace(base, temperature=t, top_k=tk, top_p=tp, min_p=mp)
+        cases.append(CertificationCase(args.rule, drafter, len(tree), params, depth + args.prefix_extra, tree))
+    if args.negative_controls:
+        cases += tree_negative_controls(tree)
+    return report(args, cases)
+
+
+def report(args: argparse.Namespace, cases: list[Any]) -> int:
+    """Run the rule cases on the toy pair and print the verdicts (table or JSON)."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from verispec.certify.core import ToySetup, run_cases
+
     for case in cases:
         if args.vocab_size**case.prefix_len > 2_000_000:
             raise ConfigError(
@@ -255,7 +301,9 @@ def run_engine(args: argparse.Namespace) -> int:
     from verispec.verify.broken import AlwaysAcceptRule, ResidualIsTargetRule
 
     if args.drafter not in DRAFTERS or args.drafter == "none":
-        raise ConfigError(f"--engine certifies the drafters model, ngram or composite, not {args.drafter!r}")
+        raise ConfigError(f"--engine certifies the drafters model, ngram, composite or tree, not {args.drafter!r}")
+    if (args.tree is not None) != (args.drafter == "tree"):
+        raise ConfigError("--engine certifies trees with --drafter tree and --tree D,E,B[,N] together")
     if args.rule == "greedy":
         raise ConfigError("--engine certifies the rejection rule (or typical with --allow-lossy); greedy is exact "
                           "only at temperature 0, where `verispec generate` equals plain decoding by test")  # fmt: skip
@@ -275,7 +323,11 @@ def run_engine(args: argparse.Namespace) -> int:
     for k, t, tk, tp, mp in itertools.product(args.k, args.temperature, args.top_k, args.top_p, args.min_p):
         params = replace(base, temperature=t, top_k=tk, top_p=tp, min_p=mp)
         prefix = (k if k is not None else 4) + args.prefix_extra
-        cases.append((EngineCase(args.drafter, k, params, prefix, rule=args.rule, draft_head=args.draft_vocab), None))
+        case = EngineCase(
+            args.drafter, k, params, prefix, rule=args.rule, draft_head=args.draft_vocab, tree=args.tree,
+            tree_children=args.tree_children,
+        )  # fmt: skip
+        cases.append((case, None))
     if args.negative_controls:
         first = args.k[0] if args.k[0] is not None else 2
         control = EngineCase("model", first, SamplingParams(temperature=1.0), first + args.prefix_extra)

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from verispec.names import DRAFTERS, PRECISIONS
+from verispec.names import DRAFTERS, LOSSLESS_RULES, PRECISIONS, TREE_CHILDREN
 
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
@@ -48,7 +48,26 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drafter", default="model", choices=DRAFTERS,
         help="where draft tokens come from: model (the draft model), ngram (prompt lookup, no draft model), "
-        "composite (prompt lookup, else the model), none (plain decoding). Default: model",
+        "composite (prompt lookup, else the model), tree (token trees from the draft model, see --tree), "
+        "suffix (trees of what followed the current suffix earlier in this and earlier requests; no draft "
+        "model), none (plain decoding). Default: model",
+    )  # fmt: skip
+    p.add_argument(
+        "--rule", default="rejection", choices=LOSSLESS_RULES,
+        help="acceptance rule: rejection (token-wise speculative sampling; a tree goes to the rule made for its "
+        "children), block (block verification of chains: never fewer accepted tokens in expectation), or a tree "
+        "rule by name (specinfer, sequoia, point-mass). All lossless. Default: rejection",
+    )  # fmt: skip
+    p.add_argument(
+        "--tree", default=None, metavar="D,E,B[,N]",
+        help="with --drafter tree: grow D levels at most, the E likeliest nodes of each level getting B "
+        "children each, N nodes at most (default 4,2,2,12; --k caps the depth per step)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tree-children", default="fixed", choices=TREE_CHILDREN,
+        help="with --drafter tree: each grown node's children are its B likeliest draft tokens (fixed; "
+        "verified by recursive point-mass acceptance), B i.i.d. draws (sampled; SpecInfer's rule) or B draws "
+        "without replacement (distinct; Sequoia's rule). Default: fixed",
     )  # fmt: skip
     p.add_argument(
         "--k",

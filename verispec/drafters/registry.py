@@ -7,6 +7,7 @@ from verispec.drafters.composite import CompositeDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.drafters.plain import PlainDrafter
+from verispec.drafters.suffix import SuffixDrafter
 from verispec.drafters.tree import TreeDrafter, TreeShape
 from verispec.errors import ConfigError
 from verispec.models.protocol import LanguageModel
@@ -36,6 +37,8 @@ def make_drafter(
         return PlainDrafter()
     if name == "ngram":
         return NgramDrafter(ngram_min, ngram_max)
+    if name == "suffix":
+        return SuffixDrafter(min_n=ngram_min, max_n=max(ngram_max, 8))
     if draft_model is None:
         raise ConfigError(f"drafter {name!r} needs a draft model; pass --draft (or use --drafter ngram)")
     if name == "tree":

@@ -70,6 +70,21 @@ class TreeShape:
         depth, expand, branch = values[:3]
         return TreeShape(depth, expand, branch, values[3] if len(values) == 4 else depth * expand * branch)
 
+    def static_parents(self) -> tuple[int, ...]:
+        """A fixed topology of this shape (the first ``expand`` nodes of each level grow, by
+        index): the parent of each node, for drafters that draw a static tree."""
+        parents: list[int] = []
+        frontier = [-1]
+        for _ in range(self.depth):
+            new: list[int] = []
+            for node in frontier:
+                for _ in range(self.branch):
+                    if len(parents) < self.max_nodes:
+                        parents.append(node)
+                        new.append(len(parents) - 1)
+            frontier = new[: self.expand]
+        return tuple(parents)
+
 
 @dataclass
 class _Node:

@@ -18,6 +18,8 @@ that a load generator can scrape either server with one table::
     verispec:e2e_request_latency_seconds (histogram)             vllm:e2e_request_latency_seconds
     verispec:num_requests_running (gauge)                        vllm:num_requests_running
     verispec:num_requests_waiting (gauge)                        vllm:num_requests_waiting
+    verispec:spec_decode_nodes_per_step (histogram)              (none: draft tokens a step checked: K, or tree nodes)
+    verispec:spec_decode_accepted_depth (histogram)              (none: draft tokens a step accepted: a path's depth)
     verispec:requests_rejected_total{reason}                     (none: 429 queue_full / 503 shutting_down)
     verispec:spec_decode_info{target,draft,drafter,lossless}     (none: a constant 1 describing the pair)
     process_resident_memory_bytes, process_cpu_seconds_total...  the same (prometheus-client's process collector)
@@ -25,7 +27,9 @@ that a load generator can scrape either server with one table::
 Definitions (:mod:`verispec.metrics`): a *draft* is one verification step that checked at least one
 draft token; ``position`` counts from 0 and a step adds 1 at position ``i`` when its first ``i + 1``
 draft tokens were all accepted. So acceptance rate = accepted / draft tokens and mean acceptance
-length = 1 + accepted / drafts, computed from counter increases over any window. The counters move
+length = 1 + accepted / drafts, computed from counter increases over any window. For token trees
+the draft tokens are the tree's nodes, the accepted tokens its accepted path, and ``position`` the
+depth along that path. The counters move
 step by step, for every request, aborted ones included: over finished requests their increases
 equal the sums of the ``spec`` objects of the answers.
 
@@ -53,6 +57,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                5.0, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+STEP_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
 E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
@@ -115,6 +120,14 @@ class ServerMetrics:
         self.e2e = Histogram(
             f"{PREFIX}e2e_request_latency_seconds", "Arrival to finish.", m, buckets=E2E_BUCKETS, registry=r
         )
+        self.nodes_per_step = Histogram(
+            f"{PREFIX}spec_decode_nodes_per_step", "Draft tokens (tree nodes) one verification step checked.", m,
+            buckets=STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.accepted_depth = Histogram(
+            f"{PREFIX}spec_decode_accepted_depth", "Draft tokens one verification step accepted (path depth).", m,
+            buckets=STEP_BUCKETS, registry=r,
+        )  # fmt: skip
         self.running = Gauge(f"{PREFIX}num_requests_running", "Requests in the running batch.", m, registry=r)
         self.waiting = Gauge(f"{PREFIX}num_requests_waiting", "Requests admitted, waiting for a slot.", m, registry=r)
         info = Gauge(
@@ -181,6 +194,9 @@ class MetricsRecorder:
     def _spec(self, seen: _Seen, out: RequestOutput) -> None:
         stats, m, name = out.stats, self.metrics, self.name
         if stats.num_drafts != seen.drafts:
+            if stats.num_drafts == seen.drafts + 1:  # one step (an output per step per request)
+                m.nodes_per_step.labels(name).observe(stats.num_draft_tokens - seen.draft_tokens)
+                m.accepted_depth.labels(name).observe(stats.num_accepted_tokens - seen.accepted)
             m.num_drafts.labels(name).inc(stats.num_drafts - seen.drafts)
             m.num_draft_tokens.labels(name).inc(stats.num_draft_tokens - seen.draft_tokens)
             m.num_accepted_tokens.labels(name).inc(stats.num_accepted_tokens - seen.accepted)

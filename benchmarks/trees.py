@@ -1,0 +1,161 @@
+"""Chains, block verification and token trees side by side on the default pair, in one run.
+
+One loaded target and draft (the machine's default precisions, or ``--dtype`` / ``--draft-dtype``);
+for every prompt, in rotating order: plain decoding, then each ``--configs`` entry, each with its
+own engine and caches:
+
+    chain:K          the draft model's chain of K tokens, token-wise rejection rule
+    block:K          the same chain, block verification (Sun et al. 2025)
+    tree:D,E,B,N     the tree drafter (top-k children, point-mass rule) of that shape
+    tree-sampled:... / tree-distinct:...   i.i.d. / without-replacement children (sampled requests)
+
+Reported per configuration: median tokens/s end to end, the mean accepted length per step
+(accepted draft tokens + 1), nodes verified per step, the speedup over plain decoding of the same
+prompt, and for greedy runs whether the output equals plain decoding token for token.
+
+    python benchmarks/trees.py [--sets humaneval,chat] [--prompts 5] [--tokens 128] [--threads 2]
+        [--temperature 0] [--configs chain:4,block:4,tree:4,2,2,12] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.bench.prompts import prompt_set
+from verispec.cli.doctor import cpu_model
+from verispec.config import EngineConfig, SamplingParams, SpecConfig
+from verispec.drafters.registry import make_drafter
+from verispec.drafters.tree import TreeShape
+from verispec.engine import Engine
+from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.pipeline import build, machine_defaults
+
+
+def parse_configs(text: str) -> list[tuple[str, str]]:
+    """``chain:4,block:4,tree:4,2,2,12`` -> [(kind, arg), ...] (a tree's shape keeps its commas)."""
+    out: list[tuple[str, str]] = []
+    for part in text.split(","):
+        if ":" in part:
+            kind, arg = part.split(":", 1)
+            out.append((kind, arg))
+        elif out and out[-1][0].startswith("tree"):
+            out[-1] = (out[-1][0], out[-1][1] + "," + part)
+        else:
+            raise SystemExit(f"bad --configs entry {part!r}")
+    return out
+
+
+def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engine:
+    target, draft = pipe.target, pipe.draft
+    common = dict(
+        draft_model=draft.model,
+        vocab_size=target.logits_width,
+        vocab_limit=target.vocab_size,
+        max_batch=1,
+        max_len=4096,
+        draft_head=draft_head,
+        keep_ids=tuple(target.tokenizer.eos_token_ids),
+    )
+    if kind in ("chain", "block"):
+        drafter = make_drafter("model", **common)  # type: ignore[arg-type]
+        config = EngineConfig(
+            max_batch=1,
+            max_len=4000,
+            num_draft_tokens=int(arg),
+            spec=SpecConfig(rule="block" if kind == "block" else "rejection"),
+        )
+    else:
+        shape = TreeShape.parse(arg)
+        children = {"tree": "fixed", "tree-sampled": "sampled", "tree-distinct": "distinct"}[kind]
+        drafter = make_drafter("tree", tree=shape, tree_children=children, **common)  # type: ignore[arg-type]
+        config = EngineConfig(
+            max_batch=1, max_len=4000, num_draft_tokens=shape.depth, max_draft_tokens=max(8, shape.max_nodes)
+        )
+    return Engine(target.model, target.tokenizer, drafter, config, vocab_limit=target.vocab_size)
+
+
+def run(engine: Engine, ids: list[int], params: SamplingParams) -> dict[str, Any]:
+    start = time.perf_counter()
+    out = engine.generate([ids], params)[0]
+    seconds = time.perf_counter() - start
+    stats = out.stats
+    steps = max(stats.num_drafts, 1)
+    return {
+        "tokens": out.token_ids,
+        "tok_s": len(out.token_ids) / seconds,
+        "al": (stats.num_accepted_tokens + stats.num_drafts) / steps if stats.num_drafts else 1.0,
+        "nodes": stats.num_draft_tokens / steps if stats.num_drafts else 0.0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default="humaneval")
+    ap.add_argument("--prompts", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--configs", default="chain:4,block:4,tree:4,2,2,12")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--draft-dtype", default=None)
+    ap.add_argument("--draft-vocab", type=int, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    picked = machine_defaults(DEFAULT_TARGET, DEFAULT_DRAFT, "cpu")
+    dtype = args.dtype or picked.dtype
+    draft_dtype = args.draft_dtype or picked.draft_dtype
+    draft_head = args.draft_vocab if args.draft_vocab is not None else picked.draft_head
+    pipe = build(DEFAULT_TARGET, DEFAULT_DRAFT, drafter="model", k=4, dtype=dtype, draft_dtype=draft_dtype,
+                 max_batch=1, max_len=4000, draft_head=draft_head)  # fmt: skip
+    plain = Engine(pipe.target.model, pipe.target.tokenizer, None, EngineConfig(max_batch=1, max_len=4000),
+                   vocab_limit=pipe.target.vocab_size)  # fmt: skip
+    configs = parse_configs(args.configs)
+    engines = {"plain": plain} | {f"{k}:{a}": make_engine(pipe, k, a, draft_head) for k, a in configs}
+    print(f"# {cpu_model()}, {args.threads} threads, target {dtype}, draft {draft_dtype} (head {draft_head}), "
+          f"T={args.temperature:g}, {args.tokens} tokens")  # fmt: skip
+    results: dict[str, dict[str, list[Any]]] = {}
+    for set_name in args.sets.split(","):
+        texts = prompt_set(set_name)[: args.prompts]
+        per: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+        for i, text in enumerate(texts):
+            ids = pipe.target.tokenizer.encode(text)
+            names = list(engines)
+            names = names[i % len(names) :] + names[: i % len(names)]  # rotate
+            for name in names:
+                params = SamplingParams(temperature=args.temperature, max_tokens=args.tokens, seed=args.seed + i)
+                per[name].append(run(engines[name], ids, params))
+                r = per[name][-1]
+                print(f"{set_name} {i + 1}/{len(texts)} {name}: {r['tok_s']:.2f} tok/s AL {r['al']:.2f}", flush=True)
+        results[set_name] = {}
+        print(f"\n### {set_name}\n\n| configuration | median tok/s | speedup vs plain | AL | nodes/step | == plain |")
+        print("|---|---|---|---|---|---|")
+        for name, rows in per.items():
+            speedups = [r["tok_s"] / p["tok_s"] for r, p in zip(rows, per["plain"], strict=True)]
+            same = sum(r["tokens"] == p["tokens"] for r, p in zip(rows, per["plain"], strict=True))
+            equal = f"{same}/{len(rows)}" if args.temperature == 0 and name != "plain" else "-"
+            row = {
+                "tok_s": statistics.median(r["tok_s"] for r in rows),
+                "speedup": statistics.median(speedups),
+                "al": statistics.mean(r["al"] for r in rows),
+                "nodes": statistics.mean(r["nodes"] for r in rows),
+                "equal": equal,
+            }
+            results[set_name][name] = [row]
+            print(f"| {name} | {row['tok_s']:.2f} | {row['speedup']:.2f}x | {row['al']:.2f} | {row['nodes']:.1f} | "
+                  f"{equal} |")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"cpu": cpu_model(), "args": vars(args) | {"json": str(args.json)},
+                                         "results": results}, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

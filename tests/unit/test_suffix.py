@@ -1,0 +1,77 @@
+"""The suffix drafter: trees of the continuations that followed the current suffix before, in
+this request and in earlier ones; deterministic candidates (point-mass rule); bounded memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.config import SamplingParams
+from verispec.drafters.base import BatchView
+from verispec.drafters.suffix import SuffixDrafter
+from verispec.errors import ConfigError, InputError
+from verispec.verify.tree import depths
+
+
+def view(ids: list[str], room: int = 16) -> BatchView:
+    return BatchView(ids, [SamplingParams()] * len(ids), [None] * len(ids), None, [room] * len(ids))
+
+
+def test_a_repeated_phrase_drafts_its_continuation():
+    d = SuffixDrafter(min_n=2, max_n=4, depth=4, min_share=0.1)
+    tokens = [1, 2, 3, 4, 5, 9, 1, 2, 3]
+    d.begin("a", tokens)
+    draft = d.propose(view(["a"]), [4])
+    assert draft.is_tree and draft.children == "fixed" and draft.probs is None
+    n = int(draft.num_tokens[0])
+    assert draft.token_ids[0, :n].tolist() == [4, 5, 9, 1]  # what followed 1 2 3
+    assert draft.parents[0, :n].tolist() == [-1, 0, 1, 2]  # one match: a chain
+
+
+def test_two_continuations_make_two_branches_best_first():
+    d = SuffixDrafter(min_n=1, max_n=3, depth=2, min_share=0.2)
+    tokens = [7, 8, 1, 7, 8, 1, 7, 8, 2, 7, 8]
+    d.begin("a", tokens)
+    draft = d.propose(view(["a"]), [4])
+    n = int(draft.num_tokens[0])
+    toks, pars = draft.token_ids[0, :n].tolist(), draft.parents[0, :n].tolist()
+    roots = [t for t, p in zip(toks, pars, strict=True) if p == -1]
+    assert roots[0] == 1 and 2 in roots  # 1 followed "7 8" twice, 2 once: the likelier first
+    assert all(p < i for i, p in enumerate(pars))
+    assert int(depths(draft.parents, draft.num_tokens).max()) == 2
+
+
+def test_the_budget_and_the_room_cap_the_tree():
+    d = SuffixDrafter(min_n=1, max_n=2, depth=8, max_nodes=16, min_share=0.01)
+    tokens = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5, 6, 7, 8, 9, 10, 3]
+    d.begin("a", tokens)
+    assert int(d.propose(view(["a"], room=3), [4]).num_tokens[0]) == 3
+    assert int(d.propose(view(["a"]), [0]).num_tokens[0]) == 0  # K = 0: no draft
+
+
+def test_finished_outputs_feed_later_requests_and_the_corpus_is_bounded():
+    d = SuffixDrafter(min_n=2, max_n=3, depth=3, corpus_tokens=12)
+    d.begin("first", [5, 6, 7, 8, 9])
+    d.end("first")
+    d.begin("second", [1, 5, 6])  # "5 6" occurred only in the first request
+    draft = d.propose(view(["second"]), [3])
+    assert draft.token_ids[0, : int(draft.num_tokens[0])].tolist() == [7, 8, 9]
+    d.end("second")
+    for i in range(4):  # push the first request out of a 12-token corpus
+        d.begin(f"x{i}", [20 + i, 30 + i, 40 + i, 50 + i])
+        d.end(f"x{i}")
+    assert d._corpus_size <= 12
+    d.begin("third", [1, 5, 6])
+    assert int(d.propose(view(["third"]), [3]).num_tokens[0]) == 0
+
+
+def test_bad_options_and_unknown_requests():
+    with pytest.raises(ConfigError):
+        SuffixDrafter(min_n=3, max_n=2)
+    with pytest.raises(ConfigError):
+        SuffixDrafter(min_share=0.0)
+    d = SuffixDrafter()
+    with pytest.raises(InputError, match="begin"):
+        d.propose(view(["nobody"]), [2])
+    d.begin("a", [1])
+    with pytest.raises(InputError, match="already running"):
+        d.begin("a", [1])

@@ -1,0 +1,206 @@
+"""Suffix drafting: a tree of the continuations that followed the current suffix before
+(SuffixDecoding, Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative Decoding for Emerging AI
+Applications"), over the request's own prompt and output and the outputs of earlier requests.
+
+Where prompt lookup (:mod:`verispec.drafters.ngram`) proposes the one continuation of the most
+recent match, this drafter gathers every earlier occurrence of the longest matching suffix (up to
+``max_matches``, the most recent first), merges their next ``depth`` tokens into a trie that counts
+how often each continuation occurred, and proposes the trie's likeliest nodes: a node's score is
+the share of the matches that went through it, and nodes are taken best first while their score
+is at least ``min_share`` and the tree has fewer than ``max_nodes`` nodes (so a frequent, long
+match drafts a deep tree and a rare one a short guess: the draft's size adapts to the match's
+statistics, as SuffixDecoding's does). The candidates do not depend on any randomness: they are
+``"fixed"`` children, verified by recursive point-mass acceptance, which keeps the target's law.
+
+Memory: each request indexes its own tokens (n-gram -> the positions after its occurrences, the
+last ``max_matches`` kept); finished requests' outputs join a shared corpus of at most
+``corpus_tokens`` tokens (the oldest leave first), indexed the same way. A tree costs nothing to
+draft (no model); its nodes cost target rows.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+
+from verispec.drafters.base import BatchView
+from verispec.errors import ConfigError, InputError
+from verispec.verify.base import Draft
+
+
+class _Occurrences:
+    """n-gram -> the (sequence, position after it) of its last ``keep`` occurrences, n in [min_n, max_n]."""
+
+    def __init__(self, min_n: int, max_n: int, keep: int) -> None:
+        self.min_n, self.max_n, self.keep = min_n, max_n, keep
+        self.tables: dict[int, dict[tuple[int, ...], deque[tuple[int, int]]]] = {n: {} for n in range(min_n, max_n + 1)}
+
+    def add(self, seq_id: int, tokens: Sequence[int], start: int, end: int) -> None:
+        """Index the n-grams of ``tokens`` ending at positions ``start .. end - 1``."""
+        for pos in range(start, end):
+            for n, table in self.tables.items():
+                if pos + 1 >= n:
+                    key = tuple(tokens[pos + 1 - n : pos + 1])
+                    where = table.get(key)
+                    if where is None:
+                        where = table[key] = deque(maxlen=self.keep)
+                    where.append((seq_id, pos + 1))
+
+    def remove(self, seq_id: int, tokens: Sequence[int]) -> None:
+        for pos in range(len(tokens)):
+            for n, table in self.tables.items():
+                if pos + 1 >= n:
+                    key = tuple(tokens[pos + 1 - n : pos + 1])
+                    where = table.get(key)
+                    if where is not None:
+                        kept = deque((s, p) for s, p in where if s != seq_id)
+                        if kept:
+                            table[key] = deque(kept, maxlen=self.keep)
+                        else:
+                            del table[key]
+
+
+class SuffixDrafter:
+    """Trees of earlier continuations of the current suffix (see the module docstring)."""
+
+    name: ClassVar[str] = "suffix"
+    proposes: ClassVar[bool] = True
+    last_catchup_tokens: int = 0  # no model state to catch up
+
+    def __init__(
+        self,
+        *,
+        min_n: int = 2,
+        max_n: int = 8,
+        depth: int = 8,
+        max_nodes: int = 16,
+        min_share: float = 0.1,
+        max_matches: int = 32,
+        corpus_tokens: int = 1_000_000,
+    ) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ConfigError(f"suffix sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        if depth < 1 or max_nodes < 1 or max_matches < 1 or corpus_tokens < 0:
+            raise ConfigError("suffix drafter: depth, max_nodes and max_matches must be >= 1, corpus_tokens >= 0")
+        if not 0.0 < min_share <= 1.0:
+            raise ConfigError(f"min_share must be in (0, 1], got {min_share}")
+        self.min_n, self.max_n, self.depth, self.max_nodes = min_n, max_n, depth, max_nodes
+        self.min_share, self.max_matches, self.corpus_tokens = min_share, max_matches, corpus_tokens
+        self._own: dict[str, tuple[Sequence[int], _Occurrences, list[int]]] = {}  # tokens, index, [indexed end]
+        self._corpus = _Occurrences(min_n, max_n, max_matches)
+        self._corpus_seqs: dict[int, list[int]] = {}
+        self._corpus_order: deque[int] = deque()
+        self._corpus_size = 0
+        self._next_id = 1  # 0: the request's own tokens
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        if request_id in self._own:
+            raise InputError(f"request {request_id!r} is already running; request ids must be unique")
+        self._own[request_id] = (prompt_ids, _Occurrences(self.min_n, self.max_n, self.max_matches), [0])
+
+    def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
+        self._get(request_id)  # the tokens arrive through the request's own list
+
+    def end(self, request_id: str) -> None:
+        entry = self._own.pop(request_id, None)
+        if entry is None or self.corpus_tokens == 0:
+            return
+        tokens = list(entry[0])
+        if not tokens:
+            return
+        tokens = tokens[-self.corpus_tokens :]
+        seq_id, self._next_id = self._next_id, self._next_id + 1
+        self._corpus_seqs[seq_id] = tokens
+        self._corpus_order.append(seq_id)
+        self._corpus_size += len(tokens)
+        self._corpus.add(seq_id, tokens, 0, len(tokens))
+        while self._corpus_size > self.corpus_tokens and self._corpus_order:
+            old = self._corpus_order.popleft()
+            gone = self._corpus_seqs.pop(old)
+            self._corpus_size -= len(gone)
+            self._corpus.remove(old, gone)
+
+    def _get(self, request_id: str) -> tuple[Sequence[int], _Occurrences, list[int]]:
+        try:
+            return self._own[request_id]
+        except KeyError:
+            raise InputError(f"unknown request {request_id!r}: call begin() before propose()/observe()") from None
+
+    # ------------------------------------------------------------------------------- drafting
+    def tree(self, request_id: str, budget: int) -> tuple[list[int], list[int]]:
+        """The tokens and parents (-1: the root) of the tree for one request, at most ``budget``
+        nodes, parents first."""
+        tokens, own, indexed = self._get(request_id)
+        last = len(tokens) - 1  # n-grams ending before the last token: a match is never the suffix itself
+        if last > indexed[0]:
+            own.add(0, tokens, indexed[0], last)
+            indexed[0] = last
+        budget = min(budget, self.max_nodes)
+        if budget <= 0:
+            return [], []
+        for n in range(self.max_n, self.min_n - 1, -1):
+            if len(tokens) < n:
+                continue
+            key = tuple(tokens[-n:])
+            starts = list(self._corpus.tables[n].get(key, ())) + list(own.tables[n].get(key, ()))  # oldest first
+            if starts:
+                return self._best_nodes(tokens, starts[-self.max_matches :], budget)
+        return [], []
+
+    def _best_nodes(
+        self, tokens: Sequence[int], starts: list[tuple[int, int]], budget: int
+    ) -> tuple[list[int], list[int]]:
+        # a trie of the continuations: node -> (token, parent, count, children by token)
+        trie_token: list[int] = [-1]
+        trie_parent: list[int] = [-1]
+        trie_count: list[int] = [len(starts)]
+        trie_children: list[dict[int, int]] = [{}]
+        for seq_id, start in starts:
+            seq = tokens if seq_id == 0 else self._corpus_seqs[seq_id]
+            node = 0
+            for tok in seq[start : start + self.depth]:
+                child = trie_children[node].get(tok)
+                if child is None:
+                    child = len(trie_token)
+                    trie_token.append(tok)
+                    trie_parent.append(node)
+                    trie_count.append(0)
+                    trie_children.append({})
+                    trie_children[node][tok] = child
+                trie_count[child] += 1
+                node = child
+        total = len(starts)
+        # best first (a child never scores above its parent, so parents come first), ties by trie order
+        order = sorted(range(1, len(trie_token)), key=lambda i: (-trie_count[i], i))
+        chosen: dict[int, int] = {0: -1}  # trie node -> draft node index (-1: the root)
+        out_tokens: list[int] = []
+        out_parents: list[int] = []
+        for node in order:
+            if len(out_tokens) >= budget or trie_count[node] / total < self.min_share:
+                break
+            if trie_parent[node] not in chosen:
+                continue  # its parent was not taken (a tie broke the other way)
+            chosen[node] = len(out_tokens)
+            out_tokens.append(trie_token[node])
+            out_parents.append(chosen[trie_parent[node]])
+        return out_tokens, out_parents
+
+    def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
+        room = batch.room if batch.room is not None else [self.max_nodes] * len(batch)
+        trees = [
+            self.tree(rid, min(r, self.max_nodes)) if k > 0 else ([], [])
+            for rid, k, r in zip(batch.request_ids, max_tokens, room, strict=True)
+        ]
+        k = max((len(t) for t, _ in trees), default=0)
+        ids = torch.full((len(trees), k), -1, dtype=torch.long)
+        parents = torch.full((len(trees), k), -1, dtype=torch.long)
+        for row, (toks, pars) in enumerate(trees):
+            if toks:
+                ids[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+                parents[row, : len(pars)] = torch.tensor(pars, dtype=torch.long)
+        num = torch.tensor([len(t) for t, _ in trees], dtype=torch.long)
+        return Draft(ids, num, None, parents, "fixed")
