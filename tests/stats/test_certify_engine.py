@@ -55,6 +55,6 @@ def test_engine_with_a_broken_rule_fails(rule) -> None:  # type: ignore[no-untyp
 def test_a_tree_whose_accepted_path_was_not_compacted_fails() -> None:
     """The next step must see the accepted path's keys and values, not the step's first entries."""
     case = EngineCase("tree", 2, SamplingParams(temperature=1.0), 5, tree="2,3,3,9", tree_children="fixed")
-    gof, acceptance = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE, uncompacted_trees=True)
+    gof, acceptance = certify_engine_case(case, num_sequences=4_000, seed=1, prompt=REPETITIVE, uncompacted_trees=True)
     assert acceptance > 0.0
     assert gof.p_value < DEFAULT_ALPHA

@@ -811,7 +811,7 @@ def test_sampling_params_accepts_boundaries_and_normalises():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"rule": "medusa"}, "rejection, greedy, typical"),
+        ({"rule": "medusa"}, "rejection, block, specinfer, sequoia, point-mass, greedy, typical"),
         ({"rule": "typical"}, "allow_lossy=True"),
         ({"rule": "typical", "allow_lossy": True, "typical_epsilon": 0.0}, r"\(0, 1\]"),
         ({"rule": "typical", "allow_lossy": True, "typical_delta": 0.0}, "> 0"),

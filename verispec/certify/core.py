@@ -455,13 +455,15 @@ def certify_engine_case(
     law = exact_prefix_law_lm(tiny_pair(vocab_size, seed=model_seed)[0], case.params, prompt, case.prefix_len)
     target, draft = tiny_pair(vocab_size, seed=model_seed, device=device)
     batch = min(num_sequences, 1024)
-    # Generate past the tested prefix, so that no draft inside it is cut short by max_tokens: the
-    # first speculative step (after the prefill's token) drafts its full length, and its accepted
-    # tokens and bonus token fall inside a prefix of K + 2.
-    draft_room = max(case.k or 4, shape.max_nodes if shape else 1) + 1
-    max_len = len(prompt) + case.prefix_len + draft_room + 1
+    # Generate far enough that the first speculative step (after the prefill's token) is not cut
+    # short by max_tokens: it drafts its full length (a chain's K, a tree's every node), and its
+    # accepted tokens and bonus token fall inside a prefix of K + 2.
+    full_draft = shape.max_nodes if shape else (case.k or 4)
+    max_tokens = max(case.prefix_len, full_draft + 2)
+    draft_room = max(case.k or 4, full_draft)
+    max_len = len(prompt) + max_tokens + 1
     config = EngineConfig(
-        max_batch=batch, max_len=max_len, num_draft_tokens=case.k, max_draft_tokens=draft_room - 1,
+        max_batch=batch, max_len=max_len, num_draft_tokens=case.k, max_draft_tokens=draft_room,
         spec=SpecConfig(rule=case.rule, allow_lossy=case.rule == "typical"),
     )  # fmt: skip
     # Prompt lookup from single tokens up: on a tiny vocabulary every token has occurred before.
@@ -478,7 +480,7 @@ def certify_engine_case(
             engine.cache.keep_step_prefix([1 + a for a in accepted], [r.cache_slot for r in batch])
 
         engine._keep_accepted = keep_prefix  # type: ignore[method-assign]
-    base = replace(case.params, max_tokens=case.prefix_len + draft_room)
+    base = replace(case.params, max_tokens=max_tokens)
     for i in range(num_sequences):
         engine.add_request(prompt, replace(base, seed=seed * 1_000_003 + i), request_id=str(i))
     tokens = torch.full((num_sequences, case.prefix_len), 0, dtype=torch.long)

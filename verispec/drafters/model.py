@@ -168,10 +168,11 @@ class ModelDrafter:
             tokens[row, : len(piece)] = torch.tensor(piece, dtype=torch.long)
         num_new = [len(p) for p in pieces]
         slots = [s.slot for s in states]
+        extra = {} if mask is None else {"attn_mask": mask}  # (chains pass no mask: any model takes them)
         if self._head_ids is not None:
             none = torch.empty((len(pieces), 0), dtype=torch.long, device=device)
             hidden = self.model.forward_with_hidden(
-                tokens.to(device), positions, self.cache, mask, num_new=num_new, slots=slots, logits_at=none
+                tokens.to(device), positions, self.cache, num_new=num_new, slots=slots, logits_at=none, **extra
             ).hidden  # [R, T, C]
             h = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [R, N, C]
             logits = torch.full((len(pieces), at.shape[1], self.vocab_size), float("-inf"), device=device)
@@ -183,7 +184,7 @@ class ModelDrafter:
             logits[:, :, self._head_ids] = scores.float()
         else:
             logits = self.model.forward(
-                tokens.to(device), positions, self.cache, mask, num_new=num_new, slots=slots, logits_at=at
+                tokens.to(device), positions, self.cache, num_new=num_new, slots=slots, logits_at=at, **extra
             )  # [R, N, V_draft]
         r, n, v = logits.shape
         return self._fit(logits.reshape(r * n, v)).reshape(r, n, -1)

@@ -294,14 +294,17 @@ class Engine:
         pending = torch.tensor([[r.pending] for r in batch], dtype=torch.long, device=device)  # [B, 1]
         tokens = torch.cat([pending, draft.token_ids.to(device).clamp_min(0)], dim=1)  # [B, K + 1]
         slots = [r.cache_slot for r in batch]
-        positions = mask = None
+        positions, extra = None, {}
         if draft.is_tree:
             assert draft.parents is not None
             step_parents = torch.cat([torch.full_like(pending, -1), draft.parents.to(device).clamp_min(-1) + 1], 1)
             mask = tree_attention_mask(step_parents)  # [B, K + 1, K + 1]
             lengths = self.cache.lengths.index_select(0, torch.tensor(slots, device=self.cache.lengths.device))
             positions = lengths.to(device).unsqueeze(1) + mask.sum(dim=2) - 1  # [B, K + 1]: length + depth
-        return self.target.forward(tokens, positions, self.cache, mask, num_new=[1 + n for n in counts], slots=slots)
+            extra = {"attn_mask": mask}
+        return self.target.forward(
+            tokens, positions, self.cache, num_new=[1 + n for n in counts], slots=slots, **extra
+        )  # fmt: skip
 
     def _keep_accepted(self, batch: list[Request], draft: Draft, accepted: list[int], paths: list[list[int]]) -> None:
         """Roll the target's cache back to the committed tokens: a chain keeps the first 1 +
