@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.stats.test_certify_rules import SAMPLING as CHAIN_SAMPLING
 from verispec.certify.core import CertificationCase, ToySetup, certify_case
 from verispec.config import SamplingParams
 from verispec.errors import ConfigError
@@ -15,16 +16,8 @@ from verispec.verify.broken import SiblingMassLeftRule
 
 N = 20_000  # per case (the rules' one-step tests and the chain certification use 40,000)
 
-SAMPLING = {
-    "plain": SamplingParams(),
-    "temperature": SamplingParams(temperature=0.6),
-    "top_k": SamplingParams(top_k=2),
-    "top_p": SamplingParams(top_p=0.8),
-    "min_p": SamplingParams(min_p=0.3),
-    "combined": SamplingParams(temperature=0.8, top_k=3, top_p=0.9, min_p=0.05),
-    "penalties": SamplingParams(repetition_penalty=1.4, presence_penalty=0.4, frequency_penalty=0.3),
-    "logit_bias": SamplingParams(logit_bias={1: 1.5, 3: float("-inf")}),
-}
+# the chain rule's sampling settings, less its extra-hot one
+SAMPLING = {name: params for name, params in CHAIN_SAMPLING.items() if name != "hot"}
 # static shapes: three children at the root, two of them with children (depth 2); and a deeper
 # one (depth 3) whose second root child has a child of its own
 WIDE = (-1, -1, -1, 0, 1)

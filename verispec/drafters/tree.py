@@ -108,10 +108,18 @@ class TreeDrafter(ModelDrafter):
         super().__init__(model, **kwargs)  # type: ignore[arg-type]
         self.shape = shape
         self.children = children
+        # tokens the last verified step committed: the next proposal feeds them again (the tree
+        # left the draft cache), which is the price of drafting, not a catch-up
+        self._committed: dict[str, int] = {}
 
     def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
         state = self._get(request_id)
-        state.last_k = 0  # the tree left the cache at the end of propose(); the path comes back as catch-up
+        state.last_k = 0  # the tree left the cache at the end of propose(); the path comes back next time
+        self._committed[request_id] = len(accepted_ids)
+
+    def end(self, request_id: str) -> None:
+        super().end(request_id)
+        self._committed.pop(request_id, None)
 
     @torch.inference_mode()
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
@@ -126,7 +134,10 @@ class TreeDrafter(ModelDrafter):
         caps = [min(self.shape.max_nodes, batch.room[b]) if batch.room else self.shape.max_nodes for b in rows]
         self.last_catchup_tokens = 0
         if rows:
-            self.last_catchup_tokens = max(len(s.context) - s.fed for s in states)
+            self.last_catchup_tokens = max(
+                len(s.context) - s.fed - self._committed.get(batch.request_ids[b], 0) + 1
+                for b, s in zip(rows, states, strict=True)
+            )  # (a chain drafter re-feeds 1 token in steady state: the same figure for the policy)
             self._grow(batch, rows, states, [max_tokens[b] for b in rows], caps, trees)
         return self._assemble(n, trees)
 
