@@ -108,6 +108,23 @@ def machine_defaults(
     )  # fmt: skip
 
 
+def check_rule_fits_drafter(rule: str, drafter: str, tree_children: str = "fixed") -> None:
+    """Refuse, before anything loads, a rule the drafter's drafts cannot go to: a chain-only rule
+    with a tree drafter, or a tree rule named for children the drafter does not produce."""
+    from verispec.verify.tree import TREE_RULES
+
+    trees = drafter in ("tree", "suffix")
+    if trees and rule in ("block", "typical"):
+        raise ConfigError(f"--rule {rule} verifies chains; the {drafter} drafter proposes trees: use --rule rejection")
+    children = {"model": "sampled", "composite": "sampled", "ngram": "fixed", "suffix": "fixed", "tree": tree_children}
+    made_for = TREE_RULES[rule].kind if rule in TREE_RULES else None
+    if made_for is not None and drafter in children and children[drafter] != made_for:
+        raise ConfigError(
+            f"--rule {rule} verifies {made_for} children, but the {drafter} drafter's are {children[drafter]}: "
+            "use --rule rejection (it picks the rule that fits)"
+        )
+
+
 def build(
     target: str | os.PathLike[str] = DEFAULT_TARGET,
     draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
@@ -144,6 +161,7 @@ def build(
     device = check_device(device)
     for value in {dtype, draft_dtype or dtype}:
         check_precision(value, device)  # before any loading: int4/int8 need this CPU's AMX kernels
+    check_rule_fits_drafter(rule, drafter, tree_children)
     shape = None
     if drafter == "tree":
         from verispec.drafters.tree import TreeShape

@@ -56,6 +56,10 @@ def test_generate_streams_text_then_stats(pair: tuple[Path, Path], capsys: pytes
         (["--max-tokens", "100000"], "context"),
         (["--target", "/no/such/model.gguf"], "neither a known model"),
         (["--device", "tpu"], "unknown device"),
+        (["--drafter", "tree", "--rule", "block"], "verifies chains"),
+        (["--drafter", "tree", "--rule", "specinfer"], "verifies sampled children"),
+        (["--drafter", "tree", "--tree", "4,2"], "DEPTH,EXPAND,BRANCH"),
+        (["--tree", "4,2,2"], "add --drafter tree"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
