@@ -217,8 +217,8 @@ class TreeDrafter(ModelDrafter):
 
     def _children(self, law: Tensor, count: int, gen: torch.Generator | None) -> list[int]:
         """``count`` children from ``law`` as ``self.children`` says (top-k for greedy requests)."""
-        support = int((law > 0).sum())
-        count = min(count, support) if self.children != "sampled" or gen is None else count
+        if self.children != "sampled" or gen is None:  # distinct tokens: no more than the law holds
+            count = min(count, int((law > 0).sum()))
         if count <= 0:
             return []
         if self.children == "fixed" or gen is None:

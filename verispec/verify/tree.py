@@ -63,17 +63,16 @@ def chain_parents(num_tokens: Tensor, k: int) -> Tensor:
 
 def path_matrix(parents: Tensor, num_tokens: Tensor) -> Tensor:
     """``[B, K + 1, K]`` bool: entry ``[b, 1 + i, j]`` is True when node ``j`` lies on the path to
-    node ``i`` (itself included); row 0 (the root) is empty. Parents precede their children."""
+    node ``i`` (itself included); row 0 (the root) and the rows past ``num_tokens`` are empty. The
+    runtime's ancestor mask (:func:`~verispec.models.transformer.tree_attention_mask`) with the
+    root's row on top."""
+    from verispec.models.transformer import tree_attention_mask  # (the models import sampling)
+
     batch, k = parents.shape
-    on_path = torch.zeros((batch, k + 1, k), dtype=torch.bool, device=parents.device)
-    rows = torch.arange(batch, device=parents.device)
-    for i in range(k):
-        par = parents[:, i].clamp_min(-1)  # [B]
-        used = i < num_tokens
-        inherited = on_path[rows, par + 1]  # [B, K]: the parent's path (the root's is empty)
-        on_path[:, i + 1] = inherited & used.unsqueeze(1)
-        on_path[:, i + 1, i] = used
-    return on_path
+    used = torch.arange(k, device=parents.device).unsqueeze(0) < num_tokens.unsqueeze(1)  # [B, K]
+    on_path = tree_attention_mask(torch.where(used, parents, -1)) & used.unsqueeze(2)  # [B, K, K]
+    root = torch.zeros((batch, 1, k), dtype=torch.bool, device=parents.device)
+    return torch.cat([root, on_path], dim=1)
 
 
 def depths(parents: Tensor, num_tokens: Tensor) -> Tensor:
