@@ -77,9 +77,10 @@ def register(sub: Any) -> None:
         "--rule",
         default="rejection",
         choices=RULES,
-        help="acceptance rule to certify: rejection (lossless speculative sampling), greedy (argmax "
-        "matching, exact only at temperature 0), typical (Medusa typical acceptance, lossy; needs "
-        "--allow-lossy). Default: rejection",
+        help="acceptance rule to certify: rejection (lossless speculative sampling; trees go to the rule made "
+        "for their children), block (block verification of chains), specinfer / sequoia / point-mass (the "
+        "tree rules, with --tree), greedy (argmax matching, exact only at temperature 0), typical (Medusa "
+        "typical acceptance, lossy; needs --allow-lossy). Default: rejection",
     )
     p.add_argument(
         "--allow-lossy",

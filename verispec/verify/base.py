@@ -25,10 +25,11 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InputError
+from verispec.names import TREE_CHILDREN
 from verispec.sampling import check_probs
 
 PAD_ID = -1
-CHILDREN = ("sampled", "distinct", "fixed")  # how a draft's children were produced (Draft.children)
+CHILDREN = TREE_CHILDREN  # how a draft's children were produced (Draft.children)
 
 
 @dataclass(frozen=True)

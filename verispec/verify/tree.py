@@ -51,8 +51,6 @@ from verispec.errors import ConfigError
 from verispec.sampling import greedy_mask, pick, uniform_draws
 from verispec.verify.base import PAD_ID, Draft, Verdict, check_inputs
 
-KINDS = ("sampled", "distinct", "fixed")
-
 
 def chain_parents(num_tokens: Tensor, k: int) -> Tensor:
     """``[B, K]`` int64: the parents of a chain (node i's parent is i - 1), ``PAD_ID`` past each
@@ -209,7 +207,7 @@ class PointMassTreeRule(TreeRule):
     kind: ClassVar[str] = "fixed"
 
 
-RULE_FOR = {"sampled": MultiRoundRule.name, "distinct": WithoutReplacementRule.name, "fixed": PointMassTreeRule.name}
 TREE_RULES: dict[str, type[TreeRule]] = {
     cls.name: cls for cls in (MultiRoundRule, WithoutReplacementRule, PointMassTreeRule)
 }
+RULE_FOR = {cls.kind: name for name, cls in TREE_RULES.items()}  # the rule made for each kind of children
