@@ -194,3 +194,62 @@ def test_every_option_is_explained() -> None:
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert run("analyze", "--help") == 0
     assert "--samples" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------- trees
+TREE = ["analyze", "--tree-acceptance", "0.6,0.2,0.1"]
+
+
+def test_trees_table_best_tree_and_written_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_file, plot = tmp_path / "tree.json", tmp_path / "trees.png"
+    assert run(*TREE, "--tree-nodes", "8", "--c", "0.2", "--tree-out", str(out_file), "--plot", str(plot)) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert "Best tree by size" in out and "S tree" in out and str(out_file) in out
+    assert_valid_png(plot)
+    paths = json.loads(out_file.read_text())
+    from verispec.analysis import optimal_tree, parents_from_paths, tree_expected_tokens
+
+    assert parents_from_paths(paths) == optimal_tree([0.6, 0.2, 0.1], 8).parents
+    assert f"{tree_expected_tokens(parents_from_paths(paths), [0.6, 0.2, 0.1]):.4f}" in out
+    # the file is a --tree the drafters take
+    from verispec.drafters.tree import TreeShape
+
+    assert TreeShape.parse(str(out_file)).parents == parents_from_paths(paths)
+
+
+def test_trees_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(*TREE, "--tree-nodes", "6", "--tree-depth", "2", "--tree", "2,2,2,6", "--json", "--no-plot") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [row["nodes"] for row in report["by_nodes"]] == [1, 2, 3, 4, 5, 6]
+    assert all(row["depth"] <= 2 and row["speedup"] is None for row in report["by_nodes"])
+    assert all(row["expected_tokens"] >= row["chain_expected_tokens"] - 1e-12 for row in report["by_nodes"])
+    assert report["by_nodes"][0]["expected_tokens"] == pytest.approx(1.6)
+    given = report["given"]
+    assert given["nodes"] == 6 and given["depth"] == 2  # root: 2 children; each: 2 children
+    assert given["expected_tokens"] == pytest.approx(1 + 0.8 + 0.8 * 0.8)
+    assert given["expected_tokens"] <= report["best"]["expected_tokens"] + 1e-12
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--tree-acceptance", "0.7,0.5"],  # sums past 1
+        ["--tree-acceptance", "abc"],
+        ["--tree-acceptance", "0.5", "--tree-nodes", "0"],
+        ["--tree-acceptance", "0.5", "--tree-nodes", "100000"],
+        ["--tree-acceptance", "0.5", "--tree-depth", "0"],
+        ["--tree-acceptance", "0.5", "--c", "-1"],
+        ["--tree-acceptance", "0.5", "--tree", "[[1]]"],
+        ["--tree-acceptance", "0.5", "--tree", "missing.json"],
+        ["--c", "0.1"],  # neither --alpha nor --tree-acceptance
+    ],
+)
+def test_bad_tree_input_is_one_line_and_exit_2(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert run("analyze", *argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -17,9 +17,13 @@ from verispec.analysis import (
     break_even_c,
     expected_tokens,
     optimal_k,
+    optimal_tree,
+    parents_from_paths,
     simulate,
     speedup,
     speedup_grid,
+    tree_expected_tokens,
+    tree_paths,
 )
 from verispec.errors import ConfigError
 
@@ -282,3 +286,125 @@ def test_optimal_k_maximises_speedup(alpha: float, c: float, k_max: int) -> None
         assert s[best - 1] >= top * (1 - 1e-12)
         assert s[best - 1] > 1.0
         assert all(v < top * (1 - 1e-12) for v in s[: best - 1])  # ties go to the smallest K
+
+
+# ------------------------------------------------------------------------ trees (Sequoia's model)
+def _all_trees(n: int):
+    """Every tree of n nodes as a parents tuple (node i's parent -1 or < i; siblings ranked by index)."""
+    if n == 0:
+        yield ()
+        return
+    for head in _all_trees(n - 1):
+        for p in range(-1, n - 1):
+            yield (*head, p)
+
+
+def _depth(parents) -> int:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return max(depth, default=0)
+
+
+def test_a_chain_is_the_single_request_model() -> None:
+    for k in range(6):
+        chain = tuple(range(-1, k - 1))
+        assert tree_expected_tokens(chain, [0.7]) == pytest.approx(expected_tokens(0.7, k), rel=1e-12)
+        assert tree_expected_tokens(chain, [0.7, 0.2]) == pytest.approx(expected_tokens(0.7, k), rel=1e-12)
+
+
+def test_tree_expected_tokens_by_hand() -> None:
+    # root -> a (rank 0), b (rank 1); a -> c (rank 0): 1 + 0.5 + 0.3 + 0.5 * 0.5
+    assert tree_expected_tokens((-1, -1, 0), [0.5, 0.3]) == pytest.approx(2.05)
+    assert tree_expected_tokens((-1, -1, -1), [0.5, 0.3]) == pytest.approx(1.8)  # rank 2 never accepted
+
+
+def test_tree_expected_tokens_matches_a_simulation_of_the_model() -> None:
+    parents, acceptance = (-1, -1, 0, 0, 1, 2, 2, 5), [0.55, 0.25, 0.1]
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    rng = np.random.default_rng(0)
+    steps, total = 40_000, 0
+    for _ in range(steps):
+        node, tokens = -1, 1
+        while True:
+            u, acc, nxt = rng.random(), 0.0, None
+            for rank, child in enumerate(children.get(node, [])):
+                acc += acceptance[rank] if rank < len(acceptance) else 0.0
+                if u < acc:
+                    nxt = child
+                    break
+            if nxt is None:
+                break
+            node, tokens = nxt, tokens + 1
+        total += tokens
+    assert total / steps == pytest.approx(tree_expected_tokens(parents, acceptance), abs=0.02)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_optimal_tree_is_the_best_of_every_tree(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    raw = rng.dirichlet(np.ones(4)) * rng.uniform(0.5, 1.0)
+    acceptance = sorted(raw.tolist(), reverse=True)[:3] if seed % 2 else raw.tolist()[:3]  # also unsorted
+    for n in range(0, 7):
+        for depth in (None, 1, 2, 3):
+            trees = [t for t in _all_trees(n) if depth is None or _depth(t) <= depth]
+            smaller = [t for m in range(n) for t in _all_trees(m) if depth is None or _depth(t) <= depth]
+            best = max(tree_expected_tokens(t, acceptance) if t else 1.0 for t in trees + smaller)
+            plan = optimal_tree(acceptance, n, depth)
+            assert plan.expected_tokens == pytest.approx(best, rel=1e-12), (n, depth)
+            assert len(plan.parents) <= n and (depth is None or plan.depth <= depth)
+            assert plan.expected_tokens == pytest.approx(
+                tree_expected_tokens(plan.parents, acceptance) if plan.parents else 1.0
+            )
+
+
+def test_optimal_tree_shapes() -> None:
+    assert optimal_tree([0.8], 4).parents == (-1, 0, 1, 2)  # only first children accepted: a chain
+    assert optimal_tree([0.4, 0.3, 0.2], 3, max_depth=1).parents == (-1, -1, -1)  # one level: the top 3
+    assert optimal_tree([0.0, 0.0], 4).parents == ()  # nothing is ever accepted: no node pays
+    assert optimal_tree([0.0, 0.5], 2).parents == (-1, -1)  # a useless first child makes room for the second
+    assert optimal_tree([0.9, 0.05], 40).expected_tokens > optimal_tree([0.9, 0.05], 20).expected_tokens
+    plan = optimal_tree([0.6, 0.2, 0.1], 64, max_depth=6)
+    assert plan.depth == 6 and len(plan.parents) == 64
+    assert optimal_tree([0.9], 50).parents == tuple(range(-1, 49))
+    chain = optimal_tree([0.5], 100).parents  # 0.5^40 is below rounding: such nodes add nothing
+    assert chain == tuple(range(-1, len(chain) - 1)) and len(chain) < 50
+
+
+def test_paths_and_parents_round_trip() -> None:
+    medusa = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    parents = parents_from_paths(medusa)
+    assert parents == (-1, -1, -1, 0, 0, 1, 3)
+    assert tree_paths(parents) == [tuple(p) for p in medusa]
+    assert parents_from_paths(list(reversed(medusa))) == parents  # order in does not matter
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [[], [[0], [0]], [[1]], [[0], [0, 1]], [[0, 0]], [[0], []], [[0], [-1]], [["a"]], [[0], 3]],
+)
+def test_bad_paths_are_config_errors(paths) -> None:
+    with pytest.raises(ConfigError, match="paths"):
+        parents_from_paths(paths)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: tree_expected_tokens((-1,), []),
+        lambda: tree_expected_tokens((-1,), [0.7, 0.5]),
+        lambda: tree_expected_tokens((-1,), [1.5]),
+        lambda: tree_expected_tokens((-1,), [math.nan]),
+        lambda: tree_expected_tokens((0,), [0.5]),
+        lambda: tree_expected_tokens((-1, 2, 0), [0.5]),
+        lambda: tree_expected_tokens((-1, 0.5), [0.5]),
+        lambda: optimal_tree([0.5], -1),
+        lambda: optimal_tree([0.5], 10_000),
+        lambda: optimal_tree([0.5], 4, max_depth=-1),
+    ],
+)
+def test_bad_tree_input_is_a_config_error(call) -> None:
+    with pytest.raises(ConfigError):
+        call()

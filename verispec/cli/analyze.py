@@ -6,11 +6,11 @@ Figures come from :mod:`verispec.analysis`; this module only validates CLI limit
 from __future__ import annotations
 
 import argparse
-import contextlib
+import io
 import json
 import math
 import os
-import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from verispec import analysis
 from verispec.errors import ConfigError
 
 K_LIMIT = 1024  # beyond this the "one target pass verifies the whole draft" assumption is fiction
+TREE_NODE_LIMIT = 256  # trees: the dynamic programme is O(nodes^2 x depth x ranks)
 CELL_LIMIT = 100_000_000  # samples x K: the simulation holds ~9 bytes per simulated draft token
 HEATMAP_ALPHAS = 400  # columns of the heat map
 
@@ -33,7 +34,16 @@ not predict throughput under batching."""
 EPILOG = """\
 examples:
   verispec analyze --alpha 0.7 --k 4 --c 0.1
-  verispec analyze --alpha 0.75 --c 0.2 --k-max 32 --json --no-plot"""
+  verispec analyze --alpha 0.75 --c 0.2 --k-max 32 --json --no-plot
+  verispec analyze --tree-acceptance 0.62,0.12,0.05 --tree-nodes 16 --c 0.3 --tree-out tree.json
+  verispec analyze --tree-acceptance 0.62,0.12,0.05 --tree 4,2,2,12
+
+trees (--tree-acceptance): the expected accepted length of token trees under Sequoia's positional
+acceptance model (Chen et al. 2024): p_i = the chance that the i-th child of an accepted node is
+accepted (verispec bench prints it for a tree drafter). Prints the best tree of each size by
+dynamic programming, a chain of the same size beside it, and with --c the speedup if the tree's
+verification pass costs what one token's does (one draft pass per level); --tree-out writes the
+best tree as JSON rank paths that --tree FILE takes in generate, bench and serve."""
 
 
 def register(subparsers: Any) -> None:
@@ -47,10 +57,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--alpha",
         type=float,
-        required=True,
         metavar="A",
         help="per-token acceptance probability in [0, 1], the chance that the target accepts "
-        "a draft token given the ones before it were accepted (required)",
+        "a draft token given the ones before it were accepted (required unless --tree-acceptance)",
     )
     p.add_argument(
         "--k",
@@ -62,10 +71,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--c",
         type=float,
-        required=True,
         metavar="C",
         help="draft cost per token divided by the target's cost per verification step, >= 0; "
-        "e.g. 8 ms / 40 ms = 0.2 (required)",
+        "e.g. 8 ms / 40 ms = 0.2 (required unless --tree-acceptance; for trees: per level)",
     )
     p.add_argument(
         "--k-max",
@@ -97,10 +105,36 @@ def register(subparsers: Any) -> None:
     )
     where.add_argument("--no-plot", action="store_true", help="do not write the heat map")
     p.add_argument("--json", action="store_true", help="print one JSON object with every figure instead of tables")
+    trees = p.add_argument_group("trees (Sequoia's positional acceptance)")
+    trees.add_argument(
+        "--tree-acceptance",
+        metavar="P1,P2,...",
+        help="analyse token trees instead of chains: p_i = chance that the i-th child of an accepted node is "
+        "accepted, each in [0, 1], summing to at most 1",
+    )
+    trees.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=16,
+        metavar="N",
+        help=f"largest tree considered, 1..{TREE_NODE_LIMIT} (default: 16)",
+    )
+    trees.add_argument("--tree-depth", type=int, metavar="D", help="deepest tree considered, >= 1 (default: no limit)")
+    trees.add_argument(
+        "--tree",
+        metavar="SHAPE",
+        help="also evaluate this tree: DEPTH,EXPAND,BRANCH[,NODES] (its static form) or JSON rank paths",
+    )
+    trees.add_argument("--tree-out", metavar="PATH", help="write the best tree of --tree-nodes as JSON rank paths")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tree_acceptance is not None:
+        return run_trees(args)
+    for flag, value in (("--alpha", args.alpha), ("--c", args.c)):
+        if value is None:
+            raise ConfigError(f"{flag} is required (or --tree-acceptance, to analyse token trees)")
     report = build_report(args.alpha, args.k, args.c, args.k_max, args.samples, args.seed)
     plot = None if args.no_plot else (args.plot or f"speedup-c{args.c:g}.png")
     if plot is not None:
@@ -250,10 +284,6 @@ def write_heatmap(path: str, r: dict[str, Any]) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    if os.path.isdir(path):
-        raise ConfigError(
-            f"--plot {path!r} is a directory; give a file name, e.g. {os.path.join(path, 'speedup.png')!r}"
-        )
     c, k_hi = r["c"], r["k_max"]
     alphas = (np.arange(HEATMAP_ALPHAS) + 0.5) / HEATMAP_ALPHAS  # cell centres in (0, 1)
     ks = np.arange(1, k_hi + 1)
@@ -289,20 +319,178 @@ def write_heatmap(path: str, r: dict[str, Any]) -> None:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
 
-    target = os.path.abspath(path)
-    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    _write_file(path, buf.getvalue(), "heat map", "--plot")
+
+
+# ---------------------------------------------------------------------------------------- trees
+def run_trees(args: argparse.Namespace) -> int:
+    report = build_tree_report(args.tree_acceptance, args.tree_nodes, args.tree_depth, args.c, args.tree)
+    if args.tree_out:
+        write_tree_paths(args.tree_out, report["best"]["paths"])
+    plot = None if args.no_plot else (args.plot or "tree-acceptance.png")
+    if plot is not None:
+        write_tree_plot(plot, report)
+    report["plot"], report["tree_out"] = plot, args.tree_out
+    if args.json:
+        print(json.dumps(_json_safe(report), indent=2, allow_nan=False))
+    else:
+        _print_tree_tables(report)
+    return 0
+
+
+def _parse_acceptance(text: str) -> list[float]:
     try:
-        with open(tmp, "xb") as f:
-            fig.savefig(f, format="png")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise ConfigError(
-                f"cannot write the heat map to {path!r} ({exc.strerror or exc}); "
-                "pass --plot with a path in a writable directory, or --no-plot"
-            ) from exc
-        raise
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--tree-acceptance takes comma-separated probabilities (e.g. 0.6,0.15,0.05), got {text!r}"
+        ) from None
+
+
+def build_tree_report(
+    acceptance: str, nodes: int, depth: int | None, c: float | None, tree: str | None
+) -> dict[str, Any]:
+    """Every figure of the tree analysis, as plain data (the ``--json`` object, before ``plot``)."""
+    from verispec.drafters.tree import TreeShape
+
+    ps = _parse_acceptance(acceptance)
+    if not 1 <= nodes <= TREE_NODE_LIMIT:
+        raise ConfigError(f"--tree-nodes must be in 1..{TREE_NODE_LIMIT}, got {nodes}")
+    if depth is not None and depth < 1:
+        raise ConfigError(f"--tree-depth must be >= 1, got {depth}")
+    plans = analysis.optimal_trees(ps, nodes, depth)
+
+    if c is not None and not 0.0 <= c < math.inf:
+        raise ConfigError(f"--c must be a finite number >= 0, got {c}")
+
+    def speedup(e: float, levels: int) -> float | None:  # one draft pass per level, a flat verification pass
+        return None if c is None else e / (levels * c + 1.0)
+
+    by_nodes = []
+    for n in range(1, nodes + 1):
+        plan, k = plans[n], min(n, depth or n)
+        chain = analysis.expected_tokens(ps[0], k)
+        by_nodes.append(
+            {
+                "nodes": n,
+                "expected_tokens": plan.expected_tokens,
+                "depth": plan.depth,
+                "speedup": speedup(plan.expected_tokens, plan.depth),
+                "chain_expected_tokens": chain,
+                "chain_speedup": speedup(chain, k),
+            }
+        )
+    best = plans[nodes]
+    report: dict[str, Any] = {
+        "model": "token trees, positional acceptance (Sequoia, Chen et al. 2024); flat verification pass",
+        "acceptance": ps,
+        "c": c,
+        "max_depth": depth,
+        "best": {
+            "nodes": len(best.parents),
+            "depth": best.depth,
+            "expected_tokens": best.expected_tokens,
+            "paths": [list(p) for p in analysis.tree_paths(best.parents)],
+        },
+        "by_nodes": by_nodes,
+    }
+    if tree is not None:
+        parents = TreeShape.parse(tree).static_parents()
+        e = analysis.tree_expected_tokens(parents, ps)
+        levels = max(len(p) for p in analysis.tree_paths(parents))
+        report["given"] = {"tree": tree, "nodes": len(parents), "depth": levels, "expected_tokens": e,
+                           "speedup": speedup(e, levels)}  # fmt: skip
+    return report
+
+
+def _print_tree_tables(r: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    ps = ", ".join(f"{p:g}" for p in r["acceptance"])
+    console.print(
+        f"[bold]Token trees[/] at positional acceptance p = ({ps})"
+        + (f", c = {r['c']:g}" if r["c"] is not None else "")
+    )
+    console.print(f"[dim]{r['model']}[/]")
+    table = Table(title="Best tree by size (dynamic programme) and a chain of the same size", title_justify="left")
+    cols = ["nodes", "E tree", "depth", "E chain", "tree / chain"] + (
+        ["S tree", "S chain"] if r["c"] is not None else []
+    )
+    for col in cols:
+        table.add_column(col, justify="right")
+    for row in r["by_nodes"]:
+        cells = [str(row["nodes"]), _fmt(row["expected_tokens"]), str(row["depth"]), _fmt(row["chain_expected_tokens"]),
+                 _fmt(row["expected_tokens"] / row["chain_expected_tokens"], ".3f")]  # fmt: skip
+        if r["c"] is not None:
+            cells += [_fmt(row["speedup"]), _fmt(row["chain_speedup"])]
+        table.add_row(*cells)
+    console.print(table)
+    b = r["best"]
+    console.print(f"best tree of {b['nodes']} nodes, depth {b['depth']}: E = {_fmt(b['expected_tokens'])}")
+    console.print(json.dumps(b["paths"]), markup=False, soft_wrap=True)
+    if "given" in r:
+        g = r["given"]
+        extra = f", S = {_fmt(g['speedup'])}" if g["speedup"] is not None else ""
+        console.print(
+            f"--tree {g['tree']}: {g['nodes']} nodes, depth {g['depth']}, E = {_fmt(g['expected_tokens'])}{extra}",
+            markup=False,
+        )
+    if r.get("tree_out"):
+        console.print(
+            f"best tree written to {r['tree_out']} (use it with --drafter tree --tree {r['tree_out']})", markup=False
+        )
+    if r.get("plot"):
+        console.print(f"plot written to {r['plot']}", markup=False, soft_wrap=True)
+    console.print(
+        "[dim]S assumes the verification pass over the tree costs one token's pass: measure it (verispec bench).[/]"
+    )
+
+
+def _write_file(path: str, data: bytes, what: str, flag: str) -> None:
+    """``data`` at ``path``, atomically (nothing half-written is left); errors name ``flag``."""
+    from verispec.formats.files import atomic_path
+
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path!r} is a directory; give a file name, e.g. {os.path.join(path, 'out')!r}")
+    try:
+        with atomic_path(Path(os.path.abspath(path))) as tmp:
+            tmp.write_bytes(data)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the {what} to {path!r} ({exc.strerror or exc}); "
+            f"pass {flag} with a path in a writable directory"
+            + (", or --no-plot" if flag == "--plot" else "")
+        ) from exc
+
+
+def write_tree_paths(path: str, paths: list[list[int]]) -> None:
+    """The tree as JSON rank paths (what ``--tree FILE`` reads), written atomically."""
+    _write_file(path, (json.dumps(paths) + "\n").encode(), "tree", "--tree-out")
+
+
+def write_tree_plot(path: str, r: dict[str, Any]) -> None:
+    """A PNG of E (and S with --c) against the node budget, best tree vs chain, written atomically."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = r["by_nodes"]
+    n = [row["nodes"] for row in rows]
+    fig = Figure(figsize=(7.0, 4.2), dpi=150)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(n, [row["expected_tokens"] for row in rows], "o-", label="best tree: E")
+    ax.plot(n, [row["chain_expected_tokens"] for row in rows], "s--", label="chain: E")
+    if r["c"] is not None:
+        ax.plot(n, [row["speedup"] for row in rows], "o-", alpha=0.6, label=f"best tree: S at c = {r['c']:g}")
+        ax.plot(n, [row["chain_speedup"] for row in rows], "s--", alpha=0.6, label=f"chain: S at c = {r['c']:g}")
+    ps = ", ".join(f"{p:g}" for p in r["acceptance"][:6])
+    ax.set(xlabel="draft nodes per step", ylabel="tokens per step / speedup", title=f"Token trees at p = ({ps})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    _write_file(path, buf.getvalue(), "plot", "--plot")
