@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
@@ -20,3 +21,30 @@ def byte_tokenizer() -> Tokenizer:
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(["<eos>"])
     return Tokenizer(backend, eos_token_id=backend.token_to_id("<eos>"))
+
+
+def feed_tree_by_levels(model: object, parents: list[int], nodes: list[int], prompt: list[int]) -> torch.Tensor:
+    """Feed one tree to ``model`` after ``prompt`` the way a tree drafter grows it: level by level,
+    each level's nodes after the earlier levels' (already cached) under a window mask that shows
+    each node its ancestors. Returns the logits ``[N, V]`` of every node, in node order."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    cache = model.new_cache(1, len(prompt) + len(nodes) + 4)  # type: ignore[attr-defined]
+    model(torch.tensor([prompt]), None, cache)  # type: ignore[operator]
+    cached: list[int] = []
+    out: dict[int, torch.Tensor] = {}
+    for level in range(1, max(depth) + 1):
+        new = [i for i, d in enumerate(depth) if d == level]
+        window = torch.zeros((1, len(new), len(cached) + len(new)), dtype=torch.bool)
+        for t, i in enumerate(new):
+            a = parents[i]
+            while a >= 0:
+                window[0, t, cached.index(a)] = True
+                a = parents[a]
+        positions = torch.tensor([[len(prompt) + depth[i] - 1 for i in new]])
+        logits = model(torch.tensor([[nodes[i] for i in new]]), positions, cache, window)[0]  # type: ignore[operator]
+        for t, i in enumerate(new):
+            out[i] = logits[t]
+        cached += new
+    return torch.stack([out[i] for i in range(len(nodes))])

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from tests.kernels import require_kernels
+from tests.tiny import feed_tree_by_levels
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
 from verispec.formats import packing
 from verispec.models.config import ModelConfig
-from verispec.models.transformer import Transformer, random_state_dict
+from verispec.models.transformer import Transformer, random_state_dict, tree_attention_mask
 
 VOCAB = 96
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9], [5] * 12, [10, 20, 30, 40, 10, 20, 30]]
@@ -115,6 +116,19 @@ def test_greedy_tree_speculation_equals_greedy_plain(precision: str, children: s
     e = Engine(target, None, d, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=4, max_draft_tokens=12))
     plain = Engine(target, None, None, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=0))
     assert [o.token_ids for o in e.generate(PROMPTS, params)] == [o.token_ids for o in plain.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_a_tree_fed_level_by_level_equals_the_tree_in_one_pass_bit_for_bit(precision: str) -> None:
+    """How a tree drafter grows a tree (each level after the cached earlier ones, under a window
+    mask) computes every node's logits exactly as one tree pass does."""
+    m = model(precision)
+    parents, nodes = [-1, -1, 0, 0, 1, 2, 2, 4, 5], [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    levels = feed_tree_by_levels(m, parents, nodes, PROMPTS[0])
+    cache = m.new_cache(1, 64)
+    m(torch.tensor([PROMPTS[0]]), None, cache)
+    mask = tree_attention_mask(torch.tensor([parents]))
+    assert torch.equal(levels, m(torch.tensor([nodes]), cache.lengths[:, None] + mask.sum(-1) - 1, cache, mask)[0])
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

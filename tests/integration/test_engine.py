@@ -8,6 +8,7 @@ import torch
 from tests.tiny import byte_tokenizer, tiny_config, tiny_pair
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
+from verispec.drafters.retrieval import Datastore
 from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
 from verispec.errors import ConfigError, InputError
@@ -86,6 +87,84 @@ def test_a_tree_drafter_proposes_trees_of_its_shape() -> None:
         assert 1 <= n <= 9  # (fewer near the end of the request: its remaining tokens bound the tree)
         assert max(depths(draft_.parents, draft_.num_tokens)[0].tolist()) <= 3
     assert seen[0].parents[0, :2].tolist() == [-1, -1]  # the root grows two children
+
+
+STATIC = "[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"  # Medusa-style rank paths
+
+
+@pytest.mark.parametrize("children", ["fixed", "sampled"])
+def test_a_static_tree_drafter_proposes_its_topology(children: str) -> None:
+    target, draft = tiny_pair(8)
+    shape = TreeShape.parse(STATIC)
+    assert (shape.depth, shape.max_nodes, shape.parents) == (3, 7, (-1, -1, -1, 0, 0, 1, 3))
+    d = make_drafter("tree", draft_model=draft, vocab_size=8, max_len=300, tree=shape, tree_children=children)
+    seen: list[object] = []
+    propose = d.propose
+
+    def spy(batch, max_tokens):  # type: ignore[no-untyped-def]
+        draft_ = propose(batch, max_tokens)
+        seen.append(draft_)
+        return draft_
+
+    d.propose = spy  # type: ignore[method-assign]
+    e = Engine(target, None, d, EngineConfig(max_len=256, num_draft_tokens=3, max_draft_tokens=7))
+    outs = e.generate([PROMPTS[1]], SamplingParams(temperature=1.0, seed=3, max_tokens=40))
+    full = [d_ for d_ in seen if int(d_.num_tokens[0]) == 7]
+    assert full, "no step drafted the whole shape"
+    for draft_ in full:
+        assert draft_.parents[0].tolist() == list(shape.parents)
+        if children == "fixed":  # top-k: a node's children are its parent's likeliest, distinct tokens
+            assert len(set(draft_.token_ids[0, :3].tolist())) == 3
+    if children == "fixed":
+        assert all(o.stats.num_draft_tokens for o in outs)
+
+
+def test_greedy_static_tree_speculation_equals_plain_greedy() -> None:
+    target, draft = tiny_pair(8)
+    d = make_drafter("tree", draft_model=draft, vocab_size=8, max_len=300, tree=TreeShape.parse(STATIC))
+    e = Engine(target, None, d, EngineConfig(max_len=256, num_draft_tokens=3, max_draft_tokens=7))
+    outs = e.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == plain_greedy(target, prompt, 20), prompt
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[[1]]", "[[0], [0]]", "[]", "[[0], [0, 0], [0, 1, 2]]", "{}", "[[0.5]]", "[[true]]", "[[0]", "4,2", "x,y,z"],
+)
+def test_bad_tree_shapes_are_config_errors(text: str) -> None:
+    with pytest.raises(ConfigError):
+        TreeShape.parse(text)
+
+
+def test_a_tree_file_is_read_and_bounded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    good = tmp_path / "tree.json"
+    good.write_text(STATIC)
+    assert TreeShape.parse(str(good)).parents == (-1, -1, -1, 0, 0, 1, 3)
+    big = tmp_path / "big.json"
+    big.write_text("[" + ",".join(["[0]"] * 400_000) + "]")
+    with pytest.raises(ConfigError, match="larger than"):
+        TreeShape.parse(str(big))
+    with pytest.raises(ConfigError, match="cannot read"):
+        TreeShape.parse(str(tmp_path / "missing.json"))
+    many = tmp_path / "many.json"
+    many.write_text(str([[i] for i in range(2000)]))
+    with pytest.raises(ConfigError, match="at most"):
+        TreeShape.parse(str(many))
+
+
+def test_greedy_retrieval_speculation_equals_plain_greedy() -> None:
+    """A datastore holding the target's own greedy continuations: long accepted paths, same output."""
+    target, _ = tiny_pair(8)
+    docs = [list(p) + plain_greedy(target, p, 24) for p in PROMPTS[:2]] + [[1, 2, 3, 5, 5, 5], [7, 0, 1]]
+    d = make_drafter("retrieval", vocab_size=8, datastore=Datastore.build(docs))
+    e = Engine(target, None, d, EngineConfig(max_len=256, num_draft_tokens=4, max_draft_tokens=16))
+    outs = e.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == plain_greedy(target, prompt, 20), prompt
+    assert outs[0].stats.mean_acceptance_length > 3  # its continuation is in the datastore
+    with pytest.raises(ConfigError, match="datastore"):
+        make_drafter("retrieval", vocab_size=8)
 
 
 def test_restricted_draft_head_greedy_equals_plain() -> None:

@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from tests.tiny import feed_tree_by_levels
 from verispec.errors import InputError, ModelLoadError, UnsupportedModelError
 from verispec.models.config import ModelConfig, RopeScaling
 from verispec.models.transformer import Transformer, random_state_dict, tree_attention_mask
@@ -321,6 +322,41 @@ def test_tree_pass_equals_each_path_as_a_chain() -> None:
             model(prompts[b], None, chain_cache)
             ref = model(nodes[b : b + 1, path], None, chain_cache)[0]
             torch.testing.assert_close(got[b, path], ref, atol=SELF_TOL, rtol=0)
+
+
+def test_a_tree_fed_level_by_level_equals_the_tree_in_one_pass() -> None:
+    """A window mask over the tree's cached earlier levels (how a tree drafter grows a tree)
+    gives each node the logits of its path, as one tree pass does."""
+    model = build("llama3-scaled")
+    parents = [-1, -1, 0, 0, 1, 2, 2, 4, 5]
+    nodes = tokens(1, 9, seed=60)[0].tolist()
+    prompt = tokens(1, 7, seed=61)[0].tolist()
+    levels = feed_tree_by_levels(model, parents, nodes, prompt)
+    cache = model.new_cache(1, 32)
+    model(torch.tensor([prompt]), None, cache)
+    mask = tree_attention_mask(torch.tensor([parents]))
+    one_pass = model(torch.tensor([nodes]), cache.lengths[:, None] + mask.sum(-1) - 1, cache, mask)[0]
+    torch.testing.assert_close(levels, one_pass, atol=SELF_TOL, rtol=0)
+
+
+def test_a_window_mask_of_a_ragged_batch_equals_the_rows_alone() -> None:
+    """Rows with different numbers of cached tree nodes share one window: the columns before a
+    row's own tree are its committed tokens, seen by every query."""
+    model = build("qwen2-tied")
+    prompts = [tokens(1, 6, seed=70)[0].tolist(), tokens(1, 9, seed=71)[0].tolist()]
+    cache = model.new_cache(2, 32)
+    model(torch.tensor([prompts[0] + [0] * 3, prompts[1]]), None, cache, num_new=[6, 9])
+    # row 0: two level-1 nodes cached, then one child of the second; row 1: one node cached, then two children of it
+    siblings = torch.eye(2, dtype=torch.bool).expand(2, 2, 2)  # level 1: each node sees only itself
+    model(torch.tensor([[5, 6], [7, 0]]), torch.tensor([[6, 6], [9, 0]]), cache, siblings, num_new=[2, 1])
+    window = torch.zeros((2, 2, 4), dtype=torch.bool)  # [B, T, W = 2 cached columns + 2 new]
+    window[0, 0, 1] = True  # node 8 sees node 6 (its own column is added)
+    window[1, :, :2] = True  # nodes 9 and 10 see a committed token (column 0) and node 7
+    got = model(torch.tensor([[8, 0], [9, 10]]), torch.tensor([[7, 0], [10, 10]]), cache, window, num_new=[1, 2])
+    alone0 = feed_tree_by_levels(model, [-1, -1, 1], [5, 6, 8], prompts[0])
+    alone1 = feed_tree_by_levels(model, [-1, 0, 0], [7, 9, 10], prompts[1])
+    torch.testing.assert_close(got[0, :1], alone0[2:], atol=SELF_TOL, rtol=0)
+    torch.testing.assert_close(got[1], alone1[1:], atol=SELF_TOL, rtol=0)
 
 
 def test_compact_accepted_path_equals_feeding_the_path() -> None:

@@ -16,16 +16,22 @@ from the draft's own numbers: the children of a node are then honest draws of th
 which is what the rules need. Greedy requests always take top-k children (their rule is argmax
 matching, whatever the children). With ``expand = branch = 1`` the tree is a chain.
 
-Draft passes: level ``d`` feeds every node drafted so far with a tree mask (each sees its
-ancestors, at position ``length + depth``), after the cache has been rolled back to the committed
-tokens, and reads the logits of the nodes it grows: ``depth`` passes of a few rows each, which
-cost about one row each while the draft's pass is memory-bound. The tree's entries are dropped
-from the draft cache when drafting ends; the accepted path comes back as the next step's catch-up.
+Static shapes (Medusa's path lists, Cai et al. 2024; Sequoia's optimal trees, Chen et al. 2024:
+:func:`verispec.analysis.optimal_tree`) grow the same topology every step: a node's children are
+the ``n`` its place in the shape has, drawn as ``children`` says.
+
+Draft passes: one per level. The nodes that grow are fed after the tree's nodes already in the
+draft cache, under a window mask (each sees the committed tokens and its ancestors, at position
+``length + depth``), so a level's pass has as many rows as it grows nodes, which costs about one
+row each while the draft's pass is memory-bound. The tree's entries are dropped from the draft
+cache when drafting ends; the accepted path comes back as the next step's catch-up.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -33,46 +39,82 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from verispec.analysis import parents_from_paths, tree_paths
 from verispec.drafters.base import BatchView
 from verispec.drafters.model import ModelDrafter, _State
 from verispec.errors import ConfigError, InputError
 from verispec.models.protocol import LanguageModel
-from verispec.models.transformer import tree_attention_mask
 from verispec.sampling import TokenHistory, build_laws, sample
 from verispec.verify.base import CHILDREN, PAD_ID, Draft
+
+#: The most nodes a tree may have (a verification pass over more rows is no draft), and the
+#: largest file of paths read for one.
+MAX_TREE_NODES = 1024
+MAX_PATHS_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class TreeShape:
-    """How a step's tree grows: ``depth`` levels at most, ``expand`` nodes grown per level,
-    ``branch`` children per grown node, ``max_nodes`` nodes in all."""
+    """How a step's tree grows.
+
+    Dynamic (EAGLE-2 style): ``depth`` levels at most, the ``expand`` likeliest nodes of each level
+    grown, ``branch`` children per grown node, ``max_nodes`` nodes in all. Static (``parents``
+    given: Medusa's path lists, Sequoia's optimal trees from :func:`verispec.analysis.optimal_tree`):
+    the same topology every step, node i the child of ``parents[i]`` ranked by index among its
+    siblings; ``depth`` and ``max_nodes`` are then the topology's.
+    """
 
     depth: int = 4
     expand: int = 2
     branch: int = 2
     max_nodes: int = 12
+    parents: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("depth", "expand", "branch", "max_nodes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"tree {name} must be an integer >= 1, got {value!r}")
+        if self.max_nodes > MAX_TREE_NODES:
+            raise ConfigError(f"a tree has at most {MAX_TREE_NODES} nodes, got max_nodes {self.max_nodes}")
+
+    @staticmethod
+    def fixed(parents: Sequence[int]) -> TreeShape:
+        """The static shape with these parents (-1: the root; siblings ranked by index)."""
+        paths = tree_paths(parents)  # validates
+        if not paths:
+            raise ConfigError("a static tree needs at least one node")
+        if len(paths) > MAX_TREE_NODES:
+            raise ConfigError(f"a tree has at most {MAX_TREE_NODES} nodes, got {len(paths)}")
+        kids = [sum(1 for p in parents if p == i) for i in range(-1, len(paths))]
+        widths = [sum(1 for path in paths if len(path) == d) for d in range(1, 1 + max(map(len, paths)))]
+        return TreeShape(max(map(len, paths)), max(widths), max(kids), len(paths), tuple(int(p) for p in parents))
 
     @staticmethod
     def parse(text: str) -> TreeShape:
-        """``"DEPTH,EXPAND,BRANCH[,MAX_NODES]"``, e.g. ``"4,2,2,12"``."""
+        """``"DEPTH,EXPAND,BRANCH[,MAX_NODES]"`` (dynamic, e.g. ``"4,2,2,12"``), or a static tree as
+        a JSON list of rank paths (Medusa's choices, e.g. ``[[0], [1], [0, 0]]``), inline or in a
+        file (what ``verispec analyze --tree-out`` writes)."""
+        stripped = text.strip()
+        if stripped.startswith("[") or stripped.endswith(".json") or os.path.isfile(stripped):
+            return TreeShape.fixed(parents_from_paths(_read_paths(stripped)))
         try:
             values = [int(v) for v in text.split(",")]
         except ValueError:
             values = []
         if len(values) not in (3, 4):
-            raise ConfigError(f"--tree takes DEPTH,EXPAND,BRANCH[,MAX_NODES] (e.g. 4,2,2,12), got {text!r}")
+            raise ConfigError(
+                "--tree takes DEPTH,EXPAND,BRANCH[,MAX_NODES] (e.g. 4,2,2,12) or a JSON list of rank paths "
+                f"(inline or a file, e.g. [[0],[1],[0,0]]), got {text!r}"
+            )
         depth, expand, branch = values[:3]
         return TreeShape(depth, expand, branch, values[3] if len(values) == 4 else depth * expand * branch)
 
     def static_parents(self) -> tuple[int, ...]:
-        """A fixed topology of this shape (the first ``expand`` nodes of each level grow, by
-        index): the parent of each node, for drafters that draw a static tree."""
+        """A fixed topology of this shape (static: its own; dynamic: the first ``expand`` nodes
+        of each level grow, by index): the parent of each node, for drafters that draw a static tree."""
+        if self.parents is not None:
+            return self.parents
         parents: list[int] = []
         frontier = [-1]
         for _ in range(self.depth):
@@ -84,6 +126,34 @@ class TreeShape:
                         new.append(len(parents) - 1)
             frontier = new[: self.expand]
         return tuple(parents)
+
+    def describe(self) -> str:
+        """One line: ``4,2,2,12`` or ``static 12 nodes, depth 4``."""
+        if self.parents is None:
+            return f"{self.depth},{self.expand},{self.branch},{self.max_nodes}"
+        return f"static {self.max_nodes} nodes, depth {self.depth}"
+
+
+def _read_paths(text: str) -> list[list[int]]:
+    """A JSON list of rank paths, inline or from a file (bounded in size and nesting)."""
+    if not text.startswith("["):
+        try:
+            with open(text, "rb") as f:
+                raw = f.read(MAX_PATHS_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read the tree file {text!r} ({exc.strerror or exc})") from exc
+        if len(raw) > MAX_PATHS_BYTES:
+            raise ConfigError(f"the tree file {text!r} is larger than {MAX_PATHS_BYTES} bytes")
+        text = raw.decode("utf-8", errors="replace")
+    try:
+        paths = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(
+            f"a tree's paths must be JSON, a list of lists of ranks (e.g. [[0],[1],[0,0]]): {exc}"
+        ) from exc
+    if not isinstance(paths, list) or not all(isinstance(p, list) and all(type(r) is int for r in p) for p in paths):
+        raise ConfigError("a tree's paths must be a JSON list of lists of integer ranks, e.g. [[0],[1],[0,0]]")
+    return paths  # (checked above: a list of lists of ints)
 
 
 @dataclass
@@ -151,6 +221,9 @@ class TreeDrafter(ModelDrafter):
         trees: dict[int, list[_Node]],
     ) -> None:
         shape = self.shape
+        kids = _static_children(shape.parents) if shape.parents is not None else None  # static id -> its children
+        static_of: list[list[int]] = [[] for _ in rows]  # per row, per node: its node of the static shape
+        cached: list[list[int]] = [[] for _ in rows]  # per row: the nodes in the draft cache, in order
         histories = self._histories(batch, rows, states)
         # the root's law: the catch-up (tokens committed since the last step) fed as a chain
         root_logits = self._feed(states, [s.context[s.fed :] for s in states])  # [R, V]
@@ -169,21 +242,27 @@ class TreeDrafter(ModelDrafter):
                     room = node_caps[j] - len(nodes)
                     if room <= 0 or law is None:
                         continue
+                    places = None if kids is None else kids[static_of[j][parent] if parent >= 0 else -1]
+                    count = shape.branch if places is None else len(places)
                     base = 0.0 if parent < 0 else nodes[parent].logp
                     depth = 1 if parent < 0 else nodes[parent].depth + 1
-                    for token in self._children(law, min(shape.branch, room), batch.generators[b]):
+                    for rank, token in enumerate(self._children(law, min(count, room), batch.generators[b])):
                         p = float(law[token])
                         logp = base + (math.log(p) if p > 0 else float("-inf"))
                         keep_law = law if (self.children != "fixed" and batch.generators[b] is not None) else None
                         nodes.append(_Node(token, parent, depth, logp, keep_law))
+                        static_of[j].append(-1 if places is None else places[rank])
                         new.append(len(nodes) - 1)
-                # the likeliest new nodes grow next, decided before their children are drawn
-                new.sort(key=lambda i: -nodes[i].logp)
-                frontier[j] = new[: shape.expand] if level < min(shape.depth, depth_caps[j]) else []
+                if level >= min(shape.depth, depth_caps[j]):
+                    frontier[j] = []
+                elif kids is None:  # the likeliest new nodes grow next, decided before their children are drawn
+                    frontier[j] = sorted(new, key=lambda i: -nodes[i].logp)[: shape.expand]
+                else:  # the static shape says which
+                    frontier[j] = [i for i in new if kids.get(static_of[j][i])]
                 grown_any = grown_any or bool(frontier[j])
             if not grown_any:
                 break
-            frontier_logits = self._tree_logits(rows, states, trees, frontier)
+            frontier_logits = self._tree_logits(rows, states, trees, frontier, cached)
         for state in states:  # the tree leaves the draft cache; the committed tokens stay
             self.cache.truncate([state.fed], [state.slot])
 
@@ -242,34 +321,41 @@ class TreeDrafter(ModelDrafter):
         return path[::-1]
 
     def _tree_logits(
-        self, rows: list[int], states: list[_State], trees: dict[int, list[_Node]], frontier: list[list[int]]
+        self,
+        rows: list[int],
+        states: list[_State],
+        trees: dict[int, list[_Node]],
+        frontier: list[list[int]],
+        cached: list[list[int]],
     ) -> list[Tensor]:
-        """Roll each row's draft cache back to its committed tokens, feed its tree so far (tree
-        mask, positions ``length + depth - 1``) and return the logits after each frontier node."""
+        """Feed each row's frontier nodes after the tree's nodes already in its draft cache
+        (``cached``, extended here): each sees the committed tokens and its cached ancestors, at
+        position ``length + depth - 1``; return the logits after each frontier node."""
         device = self.model.device
         active = [j for j in range(len(rows)) if frontier[j]]
         out: list[Tensor] = [torch.empty(0) for _ in rows]
         if not active:
             return out
         sub = [states[j] for j in active]
-        for state in sub:
-            self.cache.truncate([state.fed], [state.slot])
-        pieces = [[node.token for node in trees[rows[j]]] for j in active]
-        width = max(len(p) for p in pieces)
-        parents = torch.full((len(active), width), -1, dtype=torch.long)
-        depths = torch.zeros((len(active), width), dtype=torch.long)
+        width = max(len(frontier[j]) for j in active)
+        before = max(len(cached[j]) for j in active)  # window columns of cached tree nodes
+        window = torch.zeros((len(active), width, before + width), dtype=torch.bool)  # [R, T, W]
+        positions = torch.zeros((len(active), width), dtype=torch.long)
+        pieces: list[list[int]] = []
         for r, j in enumerate(active):
-            nodes = trees[rows[j]]
-            parents[r, : len(nodes)] = torch.tensor([node.parent for node in nodes], dtype=torch.long)
-            depths[r, : len(nodes)] = torch.tensor([node.depth for node in nodes], dtype=torch.long)
-        mask = tree_attention_mask(parents).to(device)  # [R, T, T]
-        lengths = torch.tensor([s.fed for s in sub], dtype=torch.long)
-        positions = (lengths.unsqueeze(1) + depths - 1).to(device)  # the node at depth d follows d - 1 ancestors
-        most = max(len(frontier[j]) for j in active)
-        at = torch.zeros((len(active), most), dtype=torch.long)
-        for r, j in enumerate(active):
-            at[r, : len(frontier[j])] = torch.tensor(frontier[j], dtype=torch.long)
-        logits = self._run(sub, pieces, at.to(device), positions, mask)  # [R, F, V]
+            nodes, own = trees[rows[j]], cached[j]
+            window[r, :, : before - len(own)] = True  # columns before this row's tree: committed tokens
+            column = {node: before - len(own) + c for c, node in enumerate(own)}
+            for t, node in enumerate(frontier[j]):
+                ancestor = nodes[node].parent
+                while ancestor >= 0:  # (every ancestor of a node that grows grew, so it is cached)
+                    window[r, t, column[ancestor]] = True
+                    ancestor = nodes[ancestor].parent
+                positions[r, t] = states[j].fed + nodes[node].depth - 1  # a node at depth d follows d - 1 ancestors
+            pieces.append([nodes[node].token for node in frontier[j]])
+            own.extend(frontier[j])
+        at = torch.arange(width, dtype=torch.long).expand(len(active), -1)
+        logits = self._run(sub, pieces, at.to(device), positions.to(device), window.to(device))  # [R, F, V]
         for r, j in enumerate(active):
             out[j] = logits[r, : len(frontier[j])]
         return out
@@ -293,3 +379,11 @@ class TreeDrafter(ModelDrafter):
                     else:  # a greedy request's top-k child: any law that holds it will do
                         probs[b, i, node.token] = 1.0
         return Draft(ids, num, probs, parents, self.children)
+
+
+def _static_children(parents: Sequence[int]) -> dict[int, list[int]]:
+    """Node -> its children in rank order (-1: the root's), for a static shape's ``parents``."""
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    return kids

@@ -18,8 +18,10 @@ embedding or not). The parts:
 prefill (``T`` = prompt length), plain decode (``T = 1``), chain verification (the last committed
 token plus ``K`` draft tokens, ``T = K + 1``) and tree verification (SpecInfer, Miao et al. 2024;
 Medusa, Cai et al. 2024) with a within-step ``attn_mask``: a node sees the cached prefix, its
-ancestors and itself. Rows of a batch have their own cached lengths and their own number of new
-tokens (right padding, ``num_new``); padding tokens neither see nor are seen by real tokens and
+ancestors and itself (a tree drafted level by level passes a wider window, whose first columns
+are the tree's nodes already cached, so each level feeds only its new nodes). Rows of a batch
+have their own cached lengths and their own number of new tokens (right padding, ``num_new``);
+padding tokens neither see nor are seen by real tokens and
 are written to the cache's scratch column. New keys/values are appended in place to the static
 :class:`~verispec.models.kv_cache.KVCache` before attention, which then reads positions
 ``[0, span)`` of the buffers under a mask built once per step and shared by all layers (as in
@@ -503,8 +505,12 @@ class Transformer(nn.Module):
         ``tokens`` ``[B, T]`` int64: new tokens, right-padded (any value, e.g. -1) after
         ``num_new[b]``. ``positions`` ``[B, T]`` int64: their RoPE positions; None means a chain,
         ``lengths[slot] + t``. Tree nodes take ``lengths[slot] + depth``.
-        ``attn_mask`` ``[B, T, T]`` bool: within-step visibility, ``attn_mask[b, t, s]`` = token
-        ``t`` sees new token ``s`` (its ancestors; the diagonal is added); None = causal.
+        ``attn_mask`` ``[B, T, W]`` bool, ``W >= T``: visibility over a window of the ``W - T``
+        cached positions just before the step and its ``T`` new tokens, ``attn_mask[b, t, s]`` =
+        token ``t`` sees window position ``s`` (its ancestors; its own position is added); every
+        position before the window is seen. ``W = T``: within-step visibility (a tree verified in
+        one pass); ``W > T``: a tree grown level by level, its earlier levels already cached.
+        None = causal.
         ``num_new`` ``[B]`` int64 (device tensor or host ints): real new tokens per row; None = T.
         Host ints keep the cache's bounds exact.
         ``slots``: cache slot of each row (host ints); None = slots ``0 .. B-1``.
@@ -516,8 +522,13 @@ class Transformer(nn.Module):
         b, t = tokens.shape
         if positions is not None and tuple(positions.shape) != (b, t):
             raise InputError(f"positions must have the shape of tokens {(b, t)}, got {tuple(positions.shape)}")
-        if attn_mask is not None and (tuple(attn_mask.shape) != (b, t, t) or attn_mask.dtype != torch.bool):
-            raise InputError(f"attn_mask must be [B, T, T] = {(b, t, t)} bool, got {tuple(attn_mask.shape)}")
+        if attn_mask is not None and (
+            attn_mask.dim() != 3 or tuple(attn_mask.shape[:2]) != (b, t) or attn_mask.shape[2] < t
+            or attn_mask.dtype != torch.bool
+        ):  # fmt: skip
+            raise InputError(
+                f"attn_mask must be [B, T, W] bool with (B, T) = {(b, t)}, W >= T, got {tuple(attn_mask.shape)}"
+            )
         if logits_at is not None and (logits_at.dim() != 2 or logits_at.shape[0] != b):
             raise InputError(f"logits_at must be [B, N] int64 with B={b}, got {tuple(logits_at.shape)}")
         with torch.inference_mode():
@@ -548,29 +559,33 @@ class Transformer(nn.Module):
         return ForwardOutput(logits=logits, hidden=h)
 
 
-def _visibility(plan: StepPlan, t: int, within: Tensor | None) -> Tensor:
+def _visibility(plan: StepPlan, t: int, window: Tensor | None) -> Tensor:
     """``[B, T, span]`` bool: whether query ``t`` of row ``b`` may attend to buffer position ``j``.
 
-    Real query ``t`` sees the cached prefix (``j < lengths[b]``) and the new tokens ``s`` it may see
-    within the step (causal, or ``within[b, t, s]`` plus the diagonal) among the real ones
-    (``s < num_new[b]``). Padding queries see position 0 only (their output is discarded; this
-    just keeps softmax finite).
+    Real query ``t`` sees the cached prefix (``j < lengths[b]``) and the new tokens ``s`` it may
+    see within the step (causal) among the real ones (``s < num_new[b]``); with a ``window``
+    ``[B, T, W]``, the last ``W - T`` cached positions and the new tokens are seen where the window
+    says (plus the query's own position) and the positions before them always. Padding queries see
+    position 0 only (their output is discarded; this just keeps softmax finite).
     """
     lengths = plan.lengths  # [B]
     device = lengths.device
     span = max(plan.span, 1)
+    cached = 0 if window is None else window.shape[2] - t  # window positions before the step
     j = torch.arange(span, dtype=torch.int64, device=device)  # [S]
-    rel = j[None, :] - lengths[:, None]  # [B, S]: offset of position j within the step
+    rel = j[None, :] - (lengths[:, None] - cached)  # [B, S]: offset of position j within the window
     in_prefix = rel < 0  # [B, S]
     count = plan.num_new[:, None] if plan.num_new is not None else t
-    in_step = (rel >= 0) & (rel < count)  # [B, S]
-    rel_c = rel.clamp(0, t - 1)  # [B, S]
+    in_window = (rel >= 0) & (rel < cached + count)  # [B, S]
+    width = cached + t
+    rel_c = rel.clamp(0, width - 1)  # [B, S]
     q = torch.arange(t, dtype=torch.int64, device=device)  # [T]
-    sees = rel_c[:, None, :] <= q[None, :, None]  # [B, T, S] causal
-    if within is not None:
-        within_diag = within | torch.eye(t, dtype=torch.bool, device=device)[None]  # [B, T, T]
-        sees = within_diag.gather(2, rel_c[:, None, :].expand(-1, t, -1))  # [B, T, S]
-    mask = in_prefix[:, None, :] | (in_step[:, None, :] & sees)  # [B, T, S]
+    sees = rel_c[:, None, :] <= cached + q[None, :, None]  # [B, T, S] causal
+    if window is not None:
+        own = torch.zeros((t, width), dtype=torch.bool, device=device)  # [T, W]: query t is column cached + t
+        own[q, cached + q] = True
+        sees = (window | own[None]).gather(2, rel_c[:, None, :].expand(-1, t, -1))  # [B, T, S]
+    mask = in_prefix[:, None, :] | (in_window[:, None, :] & sees)  # [B, T, S]
     if plan.valid is not None:
         mask = torch.where(plan.valid[:, :, None], mask, (j == 0)[None, None, :])
     return mask
