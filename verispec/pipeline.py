@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import torch
 
 from verispec.config import EngineConfig, SamplingParams, SpecConfig
 from verispec.drafters.registry import make_drafter
+from verispec.drafters.retrieval import Datastore, DatastoreFiles, text_files
 from verispec.engine.engine import Engine
 from verispec.engine.request import RequestOutput
 from verispec.errors import ConfigError
@@ -31,8 +33,9 @@ from verispec.formats.loader import (
     load_model,
     peek_config,
 )
+from verispec.formats.tokenizer import Tokenizer
 from verispec.models.kv_cache import check_cache_fits
-from verispec.names import DRAFTERS, MODEL_DRAFTERS, PRECISIONS
+from verispec.names import DRAFTERS, MODEL_DRAFTERS, PRECISIONS, TREE_DRAFTERS
 
 
 @dataclass
@@ -113,16 +116,36 @@ def check_rule_fits_drafter(rule: str, drafter: str, tree_children: str = "fixed
     with a tree drafter, or a tree rule named for children the drafter does not produce."""
     from verispec.verify.tree import TREE_RULES
 
-    trees = drafter in ("tree", "suffix")
+    trees = drafter in TREE_DRAFTERS
     if trees and rule in ("block", "typical"):
         raise ConfigError(f"--rule {rule} verifies chains; the {drafter} drafter proposes trees: use --rule rejection")
-    children = {"model": "sampled", "composite": "sampled", "ngram": "fixed", "suffix": "fixed", "tree": tree_children}
+    children = {"model": "sampled", "composite": "sampled", "ngram": "fixed", "suffix": "fixed", "retrieval": "fixed"}
+    children["tree"] = tree_children
     made_for = TREE_RULES[rule].kind if rule in TREE_RULES else None
     if made_for is not None and drafter in children and children[drafter] != made_for:
         raise ConfigError(
             f"--rule {rule} verifies {made_for} children, but the {drafter} drafter's are {children[drafter]}: "
             "use --rule rejection (it picks the rule that fits)"
         )
+
+
+def load_datastore(files: DatastoreFiles, tokenizer: Tokenizer, progress: ProgressFn | None = None) -> Datastore:
+    """The retrieval drafter's datastore of ``files`` in ``tokenizer``'s ids: built once (progress
+    in files tokenised) and cached under ``$VERISPEC_HOME/datastores``."""
+    from verispec.formats.registry import verispec_home
+
+    total = len(files.texts)
+
+    def encode(texts: Sequence[str]) -> list[list[int]]:
+        out: list[list[int]] = []
+        for start in range(0, len(texts), 64):
+            out += tokenizer.encode_batch(texts[start : start + 64], add_special_tokens=False)
+            if progress is not None:
+                progress("datastore", min(start + 64, total), total)
+        return out
+
+    fingerprint = hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()
+    return Datastore.from_files(files, encode, verispec_home() / "datastores", fingerprint)
 
 
 def build(
@@ -141,6 +164,7 @@ def build(
     draft_head: int | None = None,
     tree: str | None = None,
     tree_children: str = "fixed",
+    datastore: str | os.PathLike[str] | None = None,
     progress: ProgressFn | None = None,
 ) -> Pipeline:
     """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
@@ -150,7 +174,8 @@ def build(
     ``dtype``); ``draft_head``: score only the first N token ids (and the stop ids) with the draft
     model; ``tree`` / ``tree_children``: the tree drafter's shape ("D,E,B[,N]",
     :class:`~verispec.drafters.tree.TreeShape`) and how its children are drawn. A tree's depth
-    is ``k`` when given, else the shape's (the measured policy chooses chain lengths only)."""
+    is ``k`` when given, else the shape's (the measured policy chooses chain lengths only).
+    ``datastore``: the retrieval drafter's folder (or file) of text or code."""
     if drafter not in DRAFTERS:
         raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
     if draft_dtype is None and drafter in MODEL_DRAFTERS and dtype in PRECISIONS:
@@ -170,6 +195,13 @@ def build(
         k = shape.depth if k is None else k
     elif tree is not None:
         raise ConfigError("--tree shapes the tree drafter; add --drafter tree")
+    if (drafter == "retrieval") != (datastore is not None):
+        raise ConfigError(
+            "the retrieval drafter needs --datastore PATH (a folder of text or code)"
+            if drafter == "retrieval"
+            else "--datastore feeds the retrieval drafter; add --drafter retrieval"
+        )
+    files = text_files(datastore) if datastore is not None else None  # (read before any model loads)
     config = EngineConfig(
         max_batch=max_batch, max_len=max_len, num_draft_tokens=k, spec=SpecConfig(rule=rule, allow_lossy=allow_lossy),
         max_draft_tokens=max(8, shape.max_nodes if shape else 0),
@@ -200,6 +232,7 @@ def build(
         keep_ids=tuple(target_model.tokenizer.eos_token_ids),
         tree=shape,
         tree_children=tree_children,
+        datastore=load_datastore(files, target_model.tokenizer, progress) if files is not None else None,
     )
     policy = None
     if d.proposes and k is None:

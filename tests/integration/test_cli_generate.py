@@ -20,6 +20,20 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return target, draft
 
 
+def test_generate_with_a_datastore(
+    pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, _ = pair
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path / "home"))  # the datastore's cache
+    (tmp_path / "notes.txt").write_text("hello world, hello world, hello world\n" * 20)
+    base = ["generate", "hello world", "--target", str(target), "--max-tokens", "12", "--dtype", "fp32", "--json"]
+    assert main([*base, "--drafter", "retrieval", "--datastore", str(tmp_path), "--k", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert main([*base, "--drafter", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]
+    assert len(list((tmp_path / "home" / "datastores").iterdir())) == 1
+
+
 @pytest.mark.parametrize("drafter", ["model", "ngram", "composite", "none"])
 def test_generate_json(pair: tuple[Path, Path], drafter: str, capsys: pytest.CaptureFixture[str]) -> None:
     target, draft = pair
@@ -60,6 +74,11 @@ def test_generate_streams_text_then_stats(pair: tuple[Path, Path], capsys: pytes
         (["--drafter", "tree", "--rule", "specinfer"], "verifies sampled children"),
         (["--drafter", "tree", "--tree", "4,2"], "DEPTH,EXPAND,BRANCH"),
         (["--tree", "4,2,2"], "add --drafter tree"),
+        (["--drafter", "retrieval"], "needs --datastore"),
+        (["--datastore", "."], "add --drafter retrieval"),
+        (["--drafter", "retrieval", "--datastore", "/no/such/folder"], "does not exist"),
+        (["--drafter", "retrieval", "--rule", "block"], "verifies chains"),
+        (["--drafter", "tree", "--tree", "[[1]]"], "paths"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

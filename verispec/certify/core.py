@@ -418,6 +418,15 @@ class EngineCase:
         )
 
 
+def toy_datastore(vocab_size: int, documents: int = 16, length: int = 48) -> Any:
+    """The retrieval drafter's datastore for engine certification: fixed pseudo-random documents
+    over the toy vocabulary (every short suffix occurs in them, with several continuations)."""
+    from verispec.drafters.retrieval import Datastore
+
+    rng = np.random.default_rng(1234)
+    return Datastore.build(rng.integers(0, vocab_size, size=(documents, length)).tolist())
+
+
 def certify_engine_case(
     case: EngineCase,
     *,
@@ -470,6 +479,7 @@ def certify_engine_case(
     drafter = make_drafter(
         case.drafter, draft_model=draft, vocab_size=vocab_size, max_batch=batch, max_len=max_len + 16,
         ngram_min=1, ngram_max=3, draft_head=case.draft_head, tree=shape, tree_children=case.tree_children,
+        datastore=toy_datastore(vocab_size) if case.drafter == "retrieval" else None,
     )  # fmt: skip
     engine = Engine(target, None, drafter, config)
     if broken_rule is not None:

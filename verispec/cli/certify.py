@@ -95,10 +95,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--drafter",
         default="model",
-        choices=["model", "point-mass", "ngram", "composite", "tree"],
+        choices=["model", "point-mass", "ngram", "composite", "tree", "suffix", "retrieval"],
         help="model: draft tokens sampled from a draft model, with their laws reported; point-mass: "
         "the draft model's mode proposed with no law (like n-gram lookup); with --engine: model, "
-        "ngram (prompt lookup), composite or tree. Default: model",
+        "ngram (prompt lookup), composite, tree, suffix or retrieval (over a fixed toy datastore). "
+        "Default: model",
     )
     p.add_argument(
         "--tree", default=None, metavar="D,E,B[,N]",
@@ -302,7 +303,7 @@ def run_engine(args: argparse.Namespace) -> int:
     from verispec.verify.broken import AlwaysAcceptRule, ResidualIsTargetRule
 
     if args.drafter not in DRAFTERS or args.drafter == "none":
-        raise ConfigError(f"--engine certifies the drafters model, ngram, composite or tree, not {args.drafter!r}")
+        raise ConfigError(f"--engine certifies a drafter (model, ngram, composite, tree, ...), not {args.drafter!r}")
     if (args.tree is not None) != (args.drafter == "tree"):
         raise ConfigError("--engine certifies trees with --drafter tree and --tree D,E,B[,N] together")
     if args.rule == "greedy":
@@ -310,8 +311,8 @@ def run_engine(args: argparse.Namespace) -> int:
                           "only at temperature 0, where `verispec generate` equals plain decoding by test")  # fmt: skip
     if args.draft_vocab is not None and (args.draft_vocab < 1 or args.draft_vocab > args.vocab_size):
         raise ConfigError(f"--draft-vocab must be in 1..{args.vocab_size} (the toy vocabulary), got {args.draft_vocab}")
-    if args.draft_vocab is not None and args.drafter == "ngram":
-        raise ConfigError("--draft-vocab restricts a draft model's head; the ngram drafter has none")
+    if args.draft_vocab is not None and args.drafter in ("ngram", "suffix", "retrieval"):
+        raise ConfigError(f"--draft-vocab restricts a draft model's head; the {args.drafter} drafter has none")
     if any(k is not None and k < 1 for k in args.k):
         raise ConfigError(f"--k values must be >= 1 or auto, got {args.k}")
     device = check_device(args.device)

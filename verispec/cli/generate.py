@@ -60,12 +60,14 @@ def run(args: argparse.Namespace) -> int:
         def progress(stage: str, done: int, total: int) -> None:
             if stage == "calibrate":  # the first speculative run of a model on this machine
                 status.update(f"measuring the target's pass costs on this machine, once: pass {done}/{total}")
+            elif stage == "datastore":  # the retrieval drafter's datastore, tokenised once
+                status.update(f"tokenising the datastore, once: file {done}/{total}")
 
         pipe = build(
             args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
             draft_dtype=args.draft_dtype, device=args.device, max_batch=1, max_len=args.max_len,
             draft_head=args.draft_vocab, tree=args.tree, tree_children=args.tree_children, rule=args.rule,
-            progress=progress,
+            datastore=args.datastore, progress=progress,
         )  # fmt: skip
     if picked:
         print(picked, file=sys.stderr)

@@ -50,7 +50,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="where draft tokens come from: model (the draft model), ngram (prompt lookup, no draft model), "
         "composite (prompt lookup, else the model), tree (token trees from the draft model, see --tree), "
         "suffix (trees of what followed the current suffix earlier in this and earlier requests; no draft "
-        "model), none (plain decoding). Default: model",
+        "model), retrieval (trees of what followed it in --datastore; no draft model), none (plain "
+        "decoding). Default: model",
+    )  # fmt: skip
+    p.add_argument(
+        "--datastore", default=None, metavar="PATH",
+        help="with --drafter retrieval: a folder of text or code (e.g. your repository) or one text file, "
+        "tokenised once and cached; hidden names, links, binary files and files over 4 MiB are skipped, "
+        "256 MiB of text at most",
     )  # fmt: skip
     p.add_argument(
         "--rule", default="rejection", choices=LOSSLESS_RULES,
@@ -59,9 +66,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "rule by name (specinfer, sequoia, point-mass). All lossless. Default: rejection",
     )  # fmt: skip
     p.add_argument(
-        "--tree", default=None, metavar="D,E,B[,N]",
+        "--tree", default=None, metavar="D,E,B[,N]|PATHS",
         help="with --drafter tree: grow D levels at most, the E likeliest nodes of each level getting B "
-        "children each, N nodes at most (default 4,2,2,12; --k caps the depth per step)",
+        "children each, N nodes at most (default 4,2,2,12; --k caps the depth per step); or a static tree "
+        "as JSON rank paths, inline or a file (e.g. [[0],[1],[0,0]]; verispec analyze --tree-out writes "
+        "the best one for a measured acceptance)",
     )  # fmt: skip
     p.add_argument(
         "--tree-children", default="fixed", choices=TREE_CHILDREN,

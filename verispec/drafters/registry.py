@@ -7,6 +7,7 @@ from verispec.drafters.composite import CompositeDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.drafters.plain import PlainDrafter
+from verispec.drafters.retrieval import Datastore, RetrievalDrafter
 from verispec.drafters.suffix import SuffixDrafter
 from verispec.drafters.tree import TreeDrafter, TreeShape
 from verispec.errors import ConfigError
@@ -28,17 +29,16 @@ def make_drafter(
     keep_ids: tuple[int, ...] = (),
     tree: TreeShape | None = None,
     tree_children: str = "fixed",
+    datastore: Datastore | None = None,
 ) -> Drafter:
     """Build the drafter ``name`` ("none" = plain decoding: a drafter that proposes nothing;
-    "tree": the draft model's token trees of shape ``tree`` and children ``tree_children``)."""
+    "tree": the draft model's token trees of shape ``tree`` and children ``tree_children``;
+    "retrieval": trees of continuations found in ``datastore``)."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
-    if name == "none":
-        return PlainDrafter()
-    if name == "ngram":
-        return NgramDrafter(ngram_min, ngram_max)
-    if name == "suffix":
-        return SuffixDrafter(min_n=ngram_min, max_n=max(ngram_max, 8))
+    free = _model_free(name, ngram_min, ngram_max, datastore)
+    if free is not None:
+        return free
     if draft_model is None:
         raise ConfigError(f"drafter {name!r} needs a draft model; pass --draft (or use --drafter ngram)")
     if name == "tree":
@@ -53,3 +53,20 @@ def make_drafter(
     if name == "model":
         return model
     return CompositeDrafter(NgramDrafter(ngram_min, ngram_max), model)
+
+
+def _model_free(name: str, ngram_min: int, ngram_max: int, datastore: Datastore | None) -> Drafter | None:
+    """The drafters that need no draft model (None for the others)."""
+    if name == "none":
+        return PlainDrafter()
+    if name == "ngram":
+        return NgramDrafter(ngram_min, ngram_max)
+    if name == "suffix":
+        return SuffixDrafter(min_n=ngram_min, max_n=max(ngram_max, 8))
+    if name == "retrieval":
+        if datastore is None:
+            raise ConfigError(
+                "the retrieval drafter needs a datastore: pass --datastore PATH (a folder of text or code)"
+            )
+        return RetrievalDrafter(datastore, min_n=ngram_min, max_n=max(ngram_max, 12))
+    return None

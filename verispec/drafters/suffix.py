@@ -4,12 +4,11 @@ Applications"), over the request's own prompt and output and the outputs of earl
 
 Where prompt lookup (:mod:`verispec.drafters.ngram`) proposes the one continuation of the most
 recent match, this drafter gathers every earlier occurrence of the longest matching suffix (up to
-``max_matches``, the most recent first), merges their next ``depth`` tokens into a trie that counts
-how often each continuation occurred, and proposes the trie's likeliest nodes: a node's score is
-the share of the matches that went through it, and nodes are taken best first while their score
-is at least ``min_share`` and the tree has fewer than ``max_nodes`` nodes (so a frequent, long
-match drafts a deep tree and a rare one a short guess: the draft's size adapts to the match's
-statistics, as SuffixDecoding's does). The candidates do not depend on any randomness: they are
+``max_matches``, the most recent first) and proposes the likeliest nodes of the trie of their next
+``depth`` tokens (:mod:`verispec.drafters.trie`: share of the matches through a node at least
+``min_share``, at most ``max_nodes`` nodes; so a frequent, long match drafts a deep tree and a
+rare one a short guess: the draft's size adapts to the match's statistics, as SuffixDecoding's
+does). The candidates do not depend on any randomness: they are
 ``"fixed"`` children, verified by recursive point-mass acceptance, which keeps the target's law.
 
 Memory: each request indexes its own tokens (n-gram -> the positions after its occurrences, the
@@ -24,9 +23,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
-import torch
-
 from verispec.drafters.base import BatchView
+from verispec.drafters.trie import best_continuations, tree_draft
 from verispec.errors import ConfigError, InputError
 from verispec.verify.base import Draft
 
@@ -154,40 +152,11 @@ class SuffixDrafter:
     def _best_nodes(
         self, tokens: Sequence[int], starts: list[tuple[int, int]], budget: int
     ) -> tuple[list[int], list[int]]:
-        # a trie of the continuations: node -> (token, parent, count, children by token)
-        trie_token: list[int] = [-1]
-        trie_parent: list[int] = [-1]
-        trie_count: list[int] = [len(starts)]
-        trie_children: list[dict[int, int]] = [{}]
-        for seq_id, start in starts:
-            seq = tokens if seq_id == 0 else self._corpus_seqs[seq_id]
-            node = 0
-            for tok in seq[start : start + self.depth]:
-                child = trie_children[node].get(tok)
-                if child is None:
-                    child = len(trie_token)
-                    trie_token.append(tok)
-                    trie_parent.append(node)
-                    trie_count.append(0)
-                    trie_children.append({})
-                    trie_children[node][tok] = child
-                trie_count[child] += 1
-                node = child
-        total = len(starts)
-        # best first (a child never scores above its parent, so parents come first), ties by trie order
-        order = sorted(range(1, len(trie_token)), key=lambda i: (-trie_count[i], i))
-        chosen: dict[int, int] = {0: -1}  # trie node -> draft node index (-1: the root)
-        out_tokens: list[int] = []
-        out_parents: list[int] = []
-        for node in order:
-            if len(out_tokens) >= budget or trie_count[node] / total < self.min_share:
-                break
-            if trie_parent[node] not in chosen:
-                continue  # its parent was not taken (a tie broke the other way)
-            chosen[node] = len(out_tokens)
-            out_tokens.append(trie_token[node])
-            out_parents.append(chosen[trie_parent[node]])
-        return out_tokens, out_parents
+        continuations = (
+            (tokens if seq_id == 0 else self._corpus_seqs[seq_id])[start : start + self.depth]
+            for seq_id, start in starts
+        )
+        return best_continuations(continuations, budget, self.min_share)
 
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
         room = batch.room if batch.room is not None else [self.max_nodes] * len(batch)
@@ -195,12 +164,4 @@ class SuffixDrafter:
             self.tree(rid, min(r, self.max_nodes)) if k > 0 else ([], [])
             for rid, k, r in zip(batch.request_ids, max_tokens, room, strict=True)
         ]
-        k = max((len(t) for t, _ in trees), default=0)
-        ids = torch.full((len(trees), k), -1, dtype=torch.long)
-        parents = torch.full((len(trees), k), -1, dtype=torch.long)
-        for row, (toks, pars) in enumerate(trees):
-            if toks:
-                ids[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-                parents[row, : len(pars)] = torch.tensor(pars, dtype=torch.long)
-        num = torch.tensor([len(t) for t, _ in trees], dtype=torch.long)
-        return Draft(ids, num, None, parents, "fixed")
+        return tree_draft(trees)

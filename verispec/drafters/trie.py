@@ -1,0 +1,73 @@
+"""The tree a model-free drafter proposes: the likeliest nodes of a trie of earlier continuations.
+
+Given the continuations that followed earlier occurrences of the current suffix (from the
+request's own tokens, earlier outputs or a datastore), merge them into a trie that counts how many
+continuations pass through each node; a node's score is that count over the number of
+continuations (SuffixDecoding, Oliaro et al. 2024; REST, He et al. 2024). Nodes are taken best
+first while their score is at least ``min_share`` and fewer than ``budget`` are taken, so a
+frequent, long match drafts a deep tree and a rare one a short guess. A child never scores above
+its parent, so parents come first; siblings come in order of score, which is their rank in the
+tree (:mod:`verispec.analysis`: positional acceptance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from verispec.verify.base import Draft
+
+
+def best_continuations(
+    continuations: Iterable[Sequence[int]], budget: int, min_share: float
+) -> tuple[list[int], list[int]]:
+    """The tokens and parents (-1: the root, i.e. the last committed token) of the at most
+    ``budget`` likeliest trie nodes of ``continuations``, parents first; ties by first appearance."""
+    trie_token: list[int] = [-1]
+    trie_parent: list[int] = [-1]
+    trie_count: list[int] = [0]
+    trie_children: list[dict[int, int]] = [{}]
+    for seq in continuations:
+        trie_count[0] += 1
+        node = 0
+        for tok in seq:
+            child = trie_children[node].get(tok)
+            if child is None:
+                child = len(trie_token)
+                trie_token.append(tok)
+                trie_parent.append(node)
+                trie_count.append(0)
+                trie_children.append({})
+                trie_children[node][tok] = child
+            trie_count[child] += 1
+            node = child
+    total = trie_count[0]
+    if total == 0 or budget <= 0:
+        return [], []
+    order = sorted(range(1, len(trie_token)), key=lambda i: (-trie_count[i], i))
+    chosen: dict[int, int] = {0: -1}  # trie node -> draft node index (-1: the root)
+    out_tokens: list[int] = []
+    out_parents: list[int] = []
+    for node in order:
+        if len(out_tokens) >= budget or trie_count[node] / total < min_share:
+            break
+        if trie_parent[node] not in chosen:
+            continue  # its parent was not taken (a tie broke the other way)
+        chosen[node] = len(out_tokens)
+        out_tokens.append(trie_token[node])
+        out_parents.append(chosen[trie_parent[node]])
+    return out_tokens, out_parents
+
+
+def tree_draft(trees: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Draft:
+    """A draft of fixed-children trees, one ``(tokens, parents)`` per row (empty: no draft)."""
+    k = max((len(t) for t, _ in trees), default=0)
+    ids = torch.full((len(trees), k), -1, dtype=torch.long)
+    parents = torch.full((len(trees), k), -1, dtype=torch.long)
+    for row, (toks, pars) in enumerate(trees):
+        if toks:
+            ids[row, : len(toks)] = torch.tensor(list(toks), dtype=torch.long)
+            parents[row, : len(pars)] = torch.tensor(list(pars), dtype=torch.long)
+    num = torch.tensor([len(t) for t, _ in trees], dtype=torch.long)
+    return Draft(ids, num, None, parents, "fixed")
