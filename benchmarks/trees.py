@@ -6,12 +6,17 @@ own engine and caches:
 
     chain:K          the draft model's chain of K tokens, token-wise rejection rule
     block:K          the same chain, block verification (Sun et al. 2025)
-    tree:D,E,B,N     the tree drafter (top-k children, point-mass rule) of that shape
+    tree:D,E,B,N     the tree drafter (top-k children, point-mass rule) of that shape; a static
+                     shape as JSON rank paths (tree:[[0],[1],[0,0]]) or a file of them
     tree-sampled:... / tree-distinct:...   i.i.d. / without-replacement children (sampled requests)
+    suffix:K         the suffix drafter (no model), K a chain length for the policy
+    retrieval:PATH   the retrieval drafter over a datastore of the files at PATH (no model)
 
 Reported per configuration: median tokens/s end to end, the mean accepted length per step
 (accepted draft tokens + 1), nodes verified per step, the speedup over plain decoding of the same
-prompt, and for greedy runs whether the output equals plain decoding token for token.
+prompt, for greedy runs whether the output equals plain decoding token for token, and for trees
+the acceptance by child rank over all prompts (Sequoia's positional acceptance: what
+``verispec analyze --tree-acceptance`` takes to find the best static tree).
 
     python benchmarks/trees.py [--sets humaneval,chat] [--prompts 5] [--tokens 128] [--threads 2]
         [--temperature 0] [--configs chain:4,block:4,tree:4,2,2,12] [--json out.json]
@@ -32,10 +37,12 @@ from verispec.bench.prompts import prompt_set
 from verispec.cli.doctor import cpu_model
 from verispec.config import EngineConfig, SamplingParams, SpecConfig
 from verispec.drafters.registry import make_drafter
+from verispec.drafters.retrieval import text_files
 from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
-from verispec.pipeline import build, machine_defaults
+from verispec.metrics import SpecStats
+from verispec.pipeline import build, load_datastore, machine_defaults
 
 
 def parse_configs(text: str) -> list[tuple[str, str]]:
@@ -63,7 +70,13 @@ def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engin
         draft_head=draft_head,
         keep_ids=tuple(target.tokenizer.eos_token_ids),
     )
-    if kind in ("chain", "block"):
+    if kind in ("suffix", "retrieval"):
+        datastore = load_datastore(text_files(arg), target.tokenizer) if kind == "retrieval" else None
+        drafter = make_drafter(kind, vocab_size=target.logits_width, datastore=datastore)
+        config = EngineConfig(
+            max_batch=1, max_len=4000, num_draft_tokens=int(arg) if kind == "suffix" else 8, max_draft_tokens=16
+        )
+    elif kind in ("chain", "block"):
         drafter = make_drafter("model", **common)  # type: ignore[arg-type]
         config = EngineConfig(
             max_batch=1,
@@ -92,6 +105,7 @@ def run(engine: Engine, ids: list[int], params: SamplingParams) -> dict[str, Any
         "tok_s": len(out.token_ids) / seconds,
         "al": (stats.num_accepted_tokens + stats.num_drafts) / steps if stats.num_drafts else 1.0,
         "nodes": stats.num_draft_tokens / steps if stats.num_drafts else 0.0,
+        "stats": stats,
     }
 
 
@@ -136,22 +150,29 @@ def main() -> None:
                 r = per[name][-1]
                 print(f"{set_name} {i + 1}/{len(texts)} {name}: {r['tok_s']:.2f} tok/s AL {r['al']:.2f}", flush=True)
         results[set_name] = {}
-        print(f"\n### {set_name}\n\n| configuration | median tok/s | speedup vs plain | AL | nodes/step | == plain |")
-        print("|---|---|---|---|---|---|")
+        print(f"\n### {set_name}\n\n| configuration | median tok/s | speedup vs plain | AL | nodes/step | == plain "
+              "| acceptance by child rank |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
         for name, rows in per.items():
             speedups = [r["tok_s"] / p["tok_s"] for r, p in zip(rows, per["plain"], strict=True)]
             same = sum(r["tokens"] == p["tokens"] for r, p in zip(rows, per["plain"], strict=True))
             equal = f"{same}/{len(rows)}" if args.temperature == 0 and name != "plain" else "-"
+            merged = SpecStats()
+            for r in rows:
+                merged = merged.merge(r["stats"])
             row = {
                 "tok_s": statistics.median(r["tok_s"] for r in rows),
                 "speedup": statistics.median(speedups),
                 "al": statistics.mean(r["al"] for r in rows),
                 "nodes": statistics.mean(r["nodes"] for r in rows),
                 "equal": equal,
+                "positional_acceptance": merged.positional_acceptance,
+                "rank_reached": merged.rank_reached,
             }
             results[set_name][name] = [row]
+            ranks = ",".join(f"{p:.3f}" for p in merged.positional_acceptance[:6]) or "-"
             print(f"| {name} | {row['tok_s']:.2f} | {row['speedup']:.2f}x | {row['al']:.2f} | {row['nodes']:.1f} | "
-                  f"{equal} |")  # fmt: skip
+                  f"{equal} | {ranks} |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu_model(), "args": vars(args) | {"json": str(args.json)},
                                          "results": results}, indent=2))  # fmt: skip

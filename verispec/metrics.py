@@ -8,6 +8,11 @@ Definitions follow vLLM's spec-decode metrics (``vllm/v1/spec_decode/metrics.py`
 - acceptance rate AR = accepted / drafted;
 - mean acceptance length AL = 1 + accepted / drafts: output tokens per step, the recovered or
   bonus token included.
+
+Trees add Sequoia's positional acceptance (Chen et al. 2024): ``rank_reached[i]`` counts the
+accepted nodes (and step roots) that had a child of rank ``i`` (the ``i``-th child in draft
+order) verified, ``rank_accepted[i]`` how often that child was the one accepted; their ratio
+estimates ``p_(i+1)``, the input of :func:`verispec.analysis.optimal_tree`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,29 @@ class SpecStats:
     accepted_per_pos: list[int] = field(default_factory=list)
     # accepted_histogram[n]: steps that accepted exactly n draft tokens.
     accepted_histogram: list[int] = field(default_factory=list)
+    # trees: visits of a node with a child of rank i verified, and acceptances of that child
+    rank_reached: list[int] = field(default_factory=list)
+    rank_accepted: list[int] = field(default_factory=list)
+
+    def observe_tree(self, parents: Sequence[int], path: Sequence[int]) -> None:
+        """Record which child was accepted at each node of one tree step's accepted ``path``
+        (node indices, root first) for a tree with these ``parents`` (-1: the root)."""
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(parents):
+            children.setdefault(p, []).append(i)
+        node = -1
+        for depth in range(len(path) + 1):
+            kids = children.get(node, [])
+            _grow(self.rank_reached, len(kids))
+            _grow(self.rank_accepted, len(kids))
+            for rank in range(len(kids)):
+                self.rank_reached[rank] += 1
+            if depth == len(path):
+                break
+            node = path[depth]
+            if node not in kids:
+                raise ValueError(f"accepted node {node} is not a child of node {path[depth - 1] if depth else -1}")
+            self.rank_accepted[kids.index(node)] += 1
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         """Record one verification step that drafted ``num_draft_tokens`` and accepted ``num_accepted``."""
@@ -78,6 +106,8 @@ class SpecStats:
         for mine, theirs, target in (
             (self.accepted_per_pos, other.accepted_per_pos, out.accepted_per_pos),
             (self.accepted_histogram, other.accepted_histogram, out.accepted_histogram),
+            (self.rank_reached, other.rank_reached, out.rank_reached),
+            (self.rank_accepted, other.rank_accepted, out.rank_accepted),
         ):
             _grow(target, max(len(mine), len(theirs)))
             for i, v in enumerate(mine):
@@ -101,6 +131,11 @@ class SpecStats:
         """Fraction of draft steps whose first ``i + 1`` tokens were all accepted."""
         return [n / self.num_drafts for n in self.accepted_per_pos] if self.num_drafts else []
 
+    @property
+    def positional_acceptance(self) -> list[float]:
+        """Trees: the share of verified rank-``i`` children that were accepted (``p_(i+1)``)."""
+        return [a / r if r else 0.0 for a, r in zip(self.rank_accepted, self.rank_reached, strict=True)]
+
     def as_dict(self) -> dict[str, object]:
         return {
             "num_drafts": self.num_drafts,
@@ -110,6 +145,9 @@ class SpecStats:
             "accepted_histogram": list(self.accepted_histogram),
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
+            "rank_reached": list(self.rank_reached),
+            "rank_accepted": list(self.rank_accepted),
+            "positional_acceptance": self.positional_acceptance,
         }
 
 

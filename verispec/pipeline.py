@@ -18,6 +18,7 @@ from verispec.config import EngineConfig, SamplingParams, SpecConfig
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.retrieval import Datastore, DatastoreFiles, text_files
 from verispec.engine.engine import Engine
+from verispec.engine.policy import DraftPolicy
 from verispec.engine.request import RequestOutput
 from verispec.errors import ConfigError
 from verispec.formats.loader import (
@@ -36,6 +37,9 @@ from verispec.formats.loader import (
 from verispec.formats.tokenizer import Tokenizer
 from verispec.models.kv_cache import check_cache_fits
 from verispec.names import DRAFTERS, MODEL_DRAFTERS, PRECISIONS, TREE_DRAFTERS
+
+#: ``--tree auto``: the largest tree the policy plans (nodes, depth).
+AUTO_TREE_NODES, AUTO_TREE_DEPTH = 16, 8
 
 
 @dataclass
@@ -172,9 +176,10 @@ def build(
     "bf16", "int8" or "int4" (see :mod:`verispec.formats.loader`; the draft's default is
     :func:`~verispec.formats.loader.default_draft_dtype`: int8 where the CPU kernels run, else
     ``dtype``); ``draft_head``: score only the first N token ids (and the stop ids) with the draft
-    model; ``tree`` / ``tree_children``: the tree drafter's shape ("D,E,B[,N]",
-    :class:`~verispec.drafters.tree.TreeShape`) and how its children are drawn. A tree's depth
-    is ``k`` when given, else the shape's (the measured policy chooses chain lengths only).
+    model; ``tree`` / ``tree_children``: the tree drafter's shape ("D,E,B[,N]" or rank paths,
+    :class:`~verispec.drafters.tree.TreeShape`; "auto": a static tree planned per step by
+    :class:`~verispec.engine.policy.TreePolicy`) and how its children are drawn. A fixed shape's
+    depth is ``k`` when given, else the shape's.
     ``datastore``: the retrieval drafter's folder (or file) of text or code."""
     if drafter not in DRAFTERS:
         raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
@@ -191,8 +196,13 @@ def build(
     if drafter == "tree":
         from verispec.drafters.tree import TreeShape
 
-        shape = TreeShape.parse(tree) if tree is not None else TreeShape()
-        k = shape.depth if k is None else k
+        if tree == "auto":  # the policy plans each step's tree; the drafter's shape only bounds it
+            if k is not None:
+                raise ConfigError("--tree auto chooses each step's tree from measured acceptance and costs; drop --k")
+            shape = TreeShape(AUTO_TREE_DEPTH, 2, 2, AUTO_TREE_NODES)
+        else:
+            shape = TreeShape.parse(tree) if tree is not None else TreeShape()
+            k = shape.depth if k is None else k
     elif tree is not None:
         raise ConfigError("--tree shapes the tree drafter; add --drafter tree")
     if (drafter == "retrieval") != (datastore is not None):
@@ -234,17 +244,20 @@ def build(
         tree_children=tree_children,
         datastore=load_datastore(files, target_model.tokenizer, progress) if files is not None else None,
     )
-    policy = None
+    policy: DraftPolicy | None = None
     if d.proposes and k is None:
         from verispec.engine.calibrate import load_or_calibrate
-        from verispec.engine.policy import make_policy
+        from verispec.engine.policy import TreePolicy, make_policy
         from verispec.formats.registry import verispec_home
 
         costs = load_or_calibrate(
             target_model.model, target_model.name, verispec_home(), batch_sizes=sorted({1, max_batch}),
             progress=progress,
         )  # fmt: skip
-        policy = make_policy(config, speculative=True, costs=costs)
+        if tree == "auto" and shape is not None:
+            policy = TreePolicy(shape.max_nodes, shape.depth, costs=costs)
+        else:
+            policy = make_policy(config, speculative=True, costs=costs)
     engine = Engine(target_model.model, target_model.tokenizer, d, config, vocab_limit=vocab, policy=policy)
     return Pipeline(engine, target_model, draft_model)
 

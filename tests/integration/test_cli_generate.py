@@ -34,6 +34,21 @@ def test_generate_with_a_datastore(
     assert len(list((tmp_path / "home" / "datastores").iterdir())) == 1
 
 
+def test_generate_with_trees_planned_per_step(
+    pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = pair
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path / "home"))  # the target's measured pass costs
+    base = ["generate", "hello world", "--target", str(target), "--max-tokens", "16", "--dtype", "fp32"]
+    assert main([*base, "--draft", str(draft), "--drafter", "tree", "--tree", "auto", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert main([*base, "--drafter", "none", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]
+    assert out["spec"]["num_drafts"] > 0 and out["spec"]["rank_reached"]
+    assert main([*base, "--draft", str(draft), "--drafter", "tree", "--tree", "auto"]) == 0
+    assert "acceptance by child rank" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("drafter", ["model", "ngram", "composite", "none"])
 def test_generate_json(pair: tuple[Path, Path], drafter: str, capsys: pytest.CaptureFixture[str]) -> None:
     target, draft = pair
@@ -79,6 +94,7 @@ def test_generate_streams_text_then_stats(pair: tuple[Path, Path], capsys: pytes
         (["--drafter", "retrieval", "--datastore", "/no/such/folder"], "does not exist"),
         (["--drafter", "retrieval", "--rule", "block"], "verifies chains"),
         (["--drafter", "tree", "--tree", "[[1]]"], "paths"),
+        (["--drafter", "tree", "--tree", "auto", "--k", "3"], "drop --k"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from verispec.certify.tiny import tiny_pair
-from verispec.config import SamplingParams
+from verispec.config import EngineConfig, SamplingParams
+from verispec.drafters.registry import make_drafter
+from verispec.drafters.tree import TreeShape
+from verispec.engine import Engine
 from verispec.engine import calibrate as calib
 from verispec.engine.calibrate import CostTable, load_or_calibrate
-from verispec.engine.policy import FixedPolicy, MeasuredPolicy
+from verispec.engine.policy import FixedPolicy, MeasuredPolicy, TreePolicy, tree_depths
 from verispec.engine.request import Request
 
 
@@ -122,3 +125,72 @@ def test_calibration_of_a_model_on_the_kernels_is_keyed_by_their_sources(monkeyp
     on_kernels = calib.fingerprint(target, "tiny")
     monkeypatch.setattr(build, "build_key", lambda: "sources-b")
     assert len({plain, on_kernels, calib.fingerprint(target, "tiny")}) == 3
+
+
+# ------------------------------------------------------------------------------- trees (TreePolicy)
+def tree_steps(policy: TreePolicy, batch: list[Request], ranks: list[int | None], steps: int = 40) -> None:
+    """Teach the tree policy which child is accepted: three children of the root, the accepted
+    one by the ranks in turn (None: none accepted)."""
+    parents = [-1, -1, -1]
+    for step in range(steps):
+        rank = ranks[step % len(ranks)]
+        path = [] if rank is None else [rank]  # the rank-th root child, none of its children
+        trees = [(parents, path)] * len(batch)
+        policy.observe(batch, [3] * len(batch), [len(path)] * len(batch), 0.02, 0.1, trees)
+
+
+def test_positional_acceptance_moves_from_the_prior_to_what_was_accepted() -> None:
+    policy = TreePolicy(16, 4, prior=(0.6, 0.1), costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1, 9: 0.1}))
+    batch = requests(1)
+    assert policy.positional()[:3] == pytest.approx([0.6, 0.1, 0.0])
+    tree_steps(policy, batch, [1, 1, 1, None], steps=400)  # the second child, three steps in four
+    p = policy.positional()
+    assert p[1] == pytest.approx(0.75, abs=0.02) and p[0] < 0.02  # (the first child is never the accepted one)
+    assert policy.positional("r0")[1] == pytest.approx(p[1], abs=0.05)
+
+
+def test_a_flat_pass_buys_a_wide_tree_a_steep_one_a_chain_or_nothing() -> None:
+    batch = requests(1)
+    flat = TreePolicy(
+        16, 6, prior=(0.5, 0.25, 0.1), costs=costs({1: 0.10, 2: 0.10, 3: 0.10, 5: 0.10, 9: 0.10, 17: 0.10})
+    )
+    flat.draft_pass[1].update(0.002)
+    depth = flat.draft_lengths(batch, [100])[0]
+    (shape,) = flat.tree_shapes(batch, [depth])
+    assert shape is not None and len(shape) == 16 and depth == max(tree_depths(shape))
+    assert shape.count(-1) >= 2  # several children at the root
+    steep = TreePolicy(16, 6, prior=(0.5, 0.25, 0.1), costs=costs({1: 0.1, 2: 0.11, 3: 0.13, 5: 0.2, 9: 0.4, 17: 0.8}))
+    steep.draft_pass[1].update(0.002)
+    depth = steep.draft_lengths(batch, [100])[0]
+    (small,) = steep.tree_shapes(batch, [depth])
+    assert small is not None and len(small) < 4  # (one node: 1.5 tokens for 0.112 s beats every tree here)
+    costly = TreePolicy(16, 6, prior=(0.3,), costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1, 9: 0.1}), probe_every=4)
+    costly.draft_pass[1].update(0.09)  # a draft level costs nearly a target pass: never pays at p_1 = 0.3
+    depths = [costly.draft_lengths(batch, [100])[0] for _ in range(8)]
+    assert depths.count(0) == 6 and depths.count(1) == 2  # off, with a one-node probe every 4th step
+    assert costly.tree_shapes(batch, [1]) == [(-1,)]
+
+
+def test_a_tree_plan_fits_the_budget() -> None:
+    policy = TreePolicy(16, 6, prior=(0.7, 0.2), costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1, 9: 0.1, 17: 0.1}))
+    policy.draft_pass[1].update(0.001)
+    batch = requests(2)
+    depths = policy.draft_lengths(batch, [3, 0])
+    shapes = policy.tree_shapes(batch, depths)
+    assert depths[1] == 0 and shapes[1] is None
+    assert shapes[0] is not None and len(shapes[0]) <= 3 and depths[0] <= 3
+
+
+def test_tree_auto_greedy_equals_plain_greedy() -> None:
+    target, draft = tiny_pair(8)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 1, 2, 3, 4, 5, 6], [7]]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    plain = Engine(target, None, None, EngineConfig(max_len=256, num_draft_tokens=0)).generate(prompts, params)
+    d = make_drafter("tree", draft_model=draft, vocab_size=8, max_len=300, tree=TreeShape(6, 2, 2, 16))
+    policy = TreePolicy(16, 6, costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1, 9: 0.1, 17: 0.1}))
+    e = Engine(target, None, d, EngineConfig(max_len=256, max_draft_tokens=16), policy=policy)
+    outs = e.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert sum(o.stats.num_draft_tokens for o in outs) > 0
+    assert sum(policy.rank_reached) > 0  # the policy saw the trees the rule walked
+    assert any(len(r) > 1 and r[1] > 0 for r in [o.stats.rank_reached for o in outs])  # wider than a chain

@@ -97,6 +97,10 @@ class SetReport:
             "acceptance_rate": self.stats.acceptance_rate,
             "mean_acceptance_length": self.stats.mean_acceptance_length,
             "acceptance_per_position": self.stats.acceptance_per_position,
+            "draft_tokens_per_step": self.stats.num_draft_tokens / self.stats.num_drafts
+            if self.stats.num_drafts
+            else 0.0,
+            "positional_acceptance": self.stats.positional_acceptance,
             "measured_c": self.measured_c,
             "alpha": self.alpha,
             "mean_k": self.mean_k,

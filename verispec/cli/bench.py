@@ -150,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         "median",
         "AR",
         "AL",
+        "drafted",
         "c",
         "alpha",
         "S(a,K,c)",
@@ -165,10 +166,16 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(
             r["set"], str(r["num_prompts"]), f(r["plain_tokens_per_s"], ".1f"), f(r["spec_tokens_per_s"], ".1f"),
             f(r["speedup"]) + "x", f(r["median_speedup"]) + "x", f(r["acceptance_rate"], ".3f"),
-            f(r["mean_acceptance_length"]), f(r["measured_c"], ".3f"), f(r["alpha"]), f(r["predicted_speedup"]) + "x",
+            f(r["mean_acceptance_length"]), f(r["draft_tokens_per_step"], ".1f"), f(r["measured_c"], ".3f"),
+            f(r["alpha"]), f(r["predicted_speedup"]) + "x",
             f(r["measured_over_predicted"]), f(r["greedy_equal"]),
         )  # fmt: skip
     out.print(table)
+    out.print("drafted = draft tokens (tree nodes) per speculative step", style="dim")
+    for r in summary["sets"]:
+        if r["positional_acceptance"]:  # trees: what verispec analyze --tree-acceptance takes
+            ranks = ",".join(f"{x:.3f}" for x in r["positional_acceptance"])
+            out.print(f"{r['set']}: acceptance by child rank {ranks} (verispec analyze --tree-acceptance {ranks})")
     if plot:
         out.print(f"acceptance per position: {plot}")
     return 0

@@ -151,6 +151,9 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
     table.add_row("mean acceptance length", f"{spec['mean_acceptance_length']:.2f} tokens per target pass")
     per_pos = ", ".join(f"{x:.2f}" for x in spec["acceptance_per_position"])
     table.add_row("acceptance per position", per_pos or "-")
+    if spec["rank_reached"]:  # trees: Sequoia's positional acceptance, what verispec analyze --tree-acceptance takes
+        ranks = ", ".join(f"{x:.2f}" for x in spec["positional_acceptance"])
+        table.add_row("acceptance by child rank", f"{ranks} (verispec analyze --tree-acceptance)")
     table.add_row(
         "draft pass / verify",
         f"{ms(summary['draft_pass_s'])} / {ms(summary['verify_s'])} (medians over {summary['c_steps']} speculative "

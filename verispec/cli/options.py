@@ -66,11 +66,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "rule by name (specinfer, sequoia, point-mass). All lossless. Default: rejection",
     )  # fmt: skip
     p.add_argument(
-        "--tree", default=None, metavar="D,E,B[,N]|PATHS",
+        "--tree", default=None, metavar="D,E,B[,N]|PATHS|auto",
         help="with --drafter tree: grow D levels at most, the E likeliest nodes of each level getting B "
         "children each, N nodes at most (default 4,2,2,12; --k caps the depth per step); or a static tree "
         "as JSON rank paths, inline or a file (e.g. [[0],[1],[0,0]]; verispec analyze --tree-out writes "
-        "the best one for a measured acceptance)",
+        "the best one for a measured acceptance); or auto: each step's tree chosen from the acceptance by "
+        "child rank measured so far and the measured pass costs (Sequoia's dynamic programme, at most 16 "
+        "nodes, depth 8)",
     )  # fmt: skip
     p.add_argument(
         "--tree-children", default="fixed", choices=TREE_CHILDREN,

@@ -42,6 +42,9 @@ class BatchView:
     #: the most draft nodes row b may propose at all (its remaining token allowance less the
     #: bonus token: what its KV cache holds), for drafters whose draft is not a chain of K (trees)
     room: Sequence[int] | None = None
+    #: a static tree (its parents, -1 the root) the policy planned for row b, which a drafter that
+    #: grows trees from a model draws instead of its own shape (None: its own shape)
+    shapes: Sequence[tuple[int, ...] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)

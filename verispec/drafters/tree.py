@@ -200,15 +200,20 @@ class TreeDrafter(ModelDrafter):
             if len(state.context) + self.shape.max_nodes + 1 > self.max_len:
                 raise InputError(f"draft cache overflow for request {batch.request_ids[b]!r}")
         trees: dict[int, list[_Node]] = {b: [] for b in rows}
-        # nodes per row: the shape's, within what the engine's cache holds for the row this step
-        caps = [min(self.shape.max_nodes, batch.room[b]) if batch.room else self.shape.max_nodes for b in rows]
+        # each row's static tree: the policy's plan for it, else the shape's (None: grown dynamically)
+        plans = [batch.shapes[b] if batch.shapes and batch.shapes[b] else self.shape.parents for b in rows]
+        # nodes per row: the tree's, within what the engine's cache holds for the row this step
+        caps = [
+            min(len(plan) if plan else self.shape.max_nodes, batch.room[b] if batch.room else self.shape.max_nodes)
+            for b, plan in zip(rows, plans, strict=True)
+        ]
         self.last_catchup_tokens = 0
         if rows:
             self.last_catchup_tokens = max(
                 len(s.context) - s.fed - self._committed.get(batch.request_ids[b], 0) + 1
                 for b, s in zip(rows, states, strict=True)
             )  # (a chain drafter re-feeds 1 token in steady state: the same figure for the policy)
-            self._grow(batch, rows, states, [max_tokens[b] for b in rows], caps, trees)
+            self._grow(batch, rows, states, [max_tokens[b] for b in rows], caps, plans, trees)
         return self._assemble(n, trees)
 
     def _grow(
@@ -218,10 +223,13 @@ class TreeDrafter(ModelDrafter):
         states: list[_State],
         depth_caps: list[int],
         node_caps: list[int],
+        plans: list[tuple[int, ...] | None],
         trees: dict[int, list[_Node]],
     ) -> None:
         shape = self.shape
-        kids = _static_children(shape.parents) if shape.parents is not None else None  # static id -> its children
+        # per row, a static tree's node -> its children (None: grown dynamically)
+        row_kids = [_static_children(plan) if plan else None for plan in plans]
+        levels = max([shape.depth, *(max(map(len, tree_paths(plan))) for plan in plans if plan)])
         static_of: list[list[int]] = [[] for _ in rows]  # per row, per node: its node of the static shape
         cached: list[list[int]] = [[] for _ in rows]  # per row: the nodes in the draft cache, in order
         histories = self._histories(batch, rows, states)
@@ -229,10 +237,10 @@ class TreeDrafter(ModelDrafter):
         root_logits = self._feed(states, [s.context[s.fed :] for s in states])  # [R, V]
         frontier: list[list[int]] = [[-1] for _ in rows]  # per row: the nodes to grow (-1 = the root)
         frontier_logits: list[Tensor] = [root_logits[j : j + 1] for j in range(len(rows))]
-        for level in range(1, shape.depth + 1):
+        for level in range(1, levels + 1):
             grown_any = False
             for j, b in enumerate(rows):
-                nodes = trees[b]
+                nodes, kids = trees[b], row_kids[j]
                 if level > depth_caps[j] or not frontier[j]:
                     frontier[j] = []
                     continue
@@ -242,7 +250,7 @@ class TreeDrafter(ModelDrafter):
                     room = node_caps[j] - len(nodes)
                     if room <= 0 or law is None:
                         continue
-                    places = None if kids is None else kids[static_of[j][parent] if parent >= 0 else -1]
+                    places = None if kids is None else kids.get(static_of[j][parent] if parent >= 0 else -1, [])
                     count = shape.branch if places is None else len(places)
                     base = 0.0 if parent < 0 else nodes[parent].logp
                     depth = 1 if parent < 0 else nodes[parent].depth + 1
@@ -253,7 +261,7 @@ class TreeDrafter(ModelDrafter):
                         nodes.append(_Node(token, parent, depth, logp, keep_law))
                         static_of[j].append(-1 if places is None else places[rank])
                         new.append(len(nodes) - 1)
-                if level >= min(shape.depth, depth_caps[j]):
+                if level >= depth_caps[j] or (kids is None and level >= shape.depth):
                     frontier[j] = []
                 elif kids is None:  # the likeliest new nodes grow next, decided before their children are drawn
                     frontier[j] = sorted(new, key=lambda i: -nodes[i].logp)[: shape.expand]

@@ -35,7 +35,7 @@ from torch import Tensor
 from verispec.config import EngineConfig, SamplingParams, check_text
 from verispec.drafters.base import BatchView, Drafter
 from verispec.drafters.plain import PlainDrafter
-from verispec.engine.policy import DraftPolicy, make_policy
+from verispec.engine.policy import DraftPolicy, TreeStep, make_policy
 from verispec.engine.recorder import StepRecord, StepRecorder
 from verispec.engine.request import Request, RequestOutput
 from verispec.errors import ConfigError, InputError, VerispecError
@@ -247,8 +247,9 @@ class Engine:
         """One step for the running batch, the six steps of ARCHITECTURE section 1."""
         budgets = [r.max_output - r.num_output - 1 for r in batch]  # drafting past max_tokens is waste
         ks = self.policy.draft_lengths(batch, budgets)  # 1. a draft length per request (0 = none)
+        shapes = self.policy.tree_shapes(batch, ks)  # (and a tree per request, where the policy plans trees)
         self.recorder.start()
-        draft = self._propose(batch, ks, self.policy.ceilings(budgets), budgets)  # 2. the drafter proposes
+        draft = self._propose(batch, ks, self.policy.ceilings(budgets), budgets, shapes)  # 2. the drafter proposes
         self.recorder.drafted()
         counts = draft.num_tokens.tolist()  # host ints: drafters build drafts on the host
         logits = self._verify_pass(batch, draft, counts)  # 3. one target pass: [B, K + 1, V] fp32
@@ -257,9 +258,15 @@ class Engine:
         self._keep_accepted(batch, draft, accepted, paths)  # 6. commit: the accepted path's KV stays
         self.recorder.verified()
         step = self.recorder.record(counts, accepted, self.drafter.last_catchup_tokens)
-        self.policy.observe(batch, counts, accepted, step.draft_sample, step.verify_seconds)
         healthy = [i for i in range(len(batch)) if i not in failed]
-        self.recorder.charge(step, [(batch[i], counts[i], accepted[i]) for i in healthy])
+        trees: list[TreeStep | None] = [None] * len(batch)
+        if draft.is_tree:  # which child was accepted at each level (Sequoia's positional acceptance)
+            assert draft.parents is not None
+            parents = draft.parents.tolist()
+            for i in healthy:
+                trees[i] = (parents[i][: counts[i]], paths[i])
+        self.policy.observe(batch, counts, accepted, step.draft_sample, step.verify_seconds, trees)
+        self.recorder.charge(step, [(batch[i], counts[i], accepted[i], trees[i]) for i in healthy])
         outputs = [self._fail(batch[i], exc) for i, exc in failed.items()]
         for i in healthy:
             try:
@@ -270,15 +277,23 @@ class Engine:
                 outputs.append(self._fail(batch[i], exc))
         return outputs
 
-    def _propose(self, batch: list[Request], ks: list[int], ceilings: list[int], room: list[int]) -> Draft:
+    def _propose(
+        self,
+        batch: list[Request],
+        ks: list[int],
+        ceilings: list[int],
+        room: list[int],
+        shapes: list[tuple[int, ...] | None] | None,
+    ) -> Draft:
         """The drafter's proposal for the rows with ``ks[b] > 0`` (nothing is asked of it, and no
         randomness spent, when no row drafts); a drafter fault costs this step its draft."""
         if not any(ks):
             return self._empty_draft(len(batch))
         room = [min(r, self.config.max_draft_tokens) for r in room]
         view = BatchView(
-            [r.request_id for r in batch], [r.params for r in batch], [r.generator for r in batch], ceilings, room
-        )
+            [r.request_id for r in batch], [r.params for r in batch], [r.generator for r in batch], ceilings, room,
+            shapes,
+        )  # fmt: skip
         try:
             return self.drafter.propose(view, ks)
         except Exception:  # never a request's life

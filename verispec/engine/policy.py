@@ -25,9 +25,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Protocol
 
+from verispec.analysis import TreePlan, optimal_trees
 from verispec.config import EngineConfig
 from verispec.engine.calibrate import CostTable
 from verispec.engine.request import Request
+from verispec.metrics import SpecStats
+
+#: One tree step of a row as the policy sees it: the draft's parents (-1: the root) and the
+#: accepted path (node indices, root first).
+TreeStep = tuple[Sequence[int], Sequence[int]]
 
 
 class DraftPolicy(Protocol):
@@ -35,6 +41,11 @@ class DraftPolicy(Protocol):
     draft tokens that can still be useful to request b (its remaining allowance)."""
 
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]: ...
+
+    def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
+        """A static tree (its parents) per request for drafters that grow trees, chosen with the
+        draft ``lengths`` just returned; None: each drafter keeps its own shape."""
+        ...
 
     def ceilings(self, budgets: Sequence[int]) -> list[int]:
         """The most tokens a drafter whose tokens cost nothing (prompt lookup) may propose per
@@ -48,6 +59,7 @@ class DraftPolicy(Protocol):
         accepted: Sequence[int],
         draft_seconds: float | None,  # None: the draft time held a one-off catch-up, not a cost sample
         verify_seconds: float,
+        trees: Sequence[TreeStep | None] | None = None,  # tree drafts: each row's tree and accepted path
     ) -> None: ...
 
 
@@ -63,6 +75,9 @@ class FixedPolicy:
     def ceilings(self, budgets: Sequence[int]) -> list[int]:
         return self.draft_lengths((), budgets)  # a fixed K binds every drafter
 
+    def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
+        return None
+
     def observe(
         self,
         batch: Sequence[Request],
@@ -70,6 +85,7 @@ class FixedPolicy:
         accepted: Sequence[int],
         draft_seconds: float | None,
         verify_seconds: float,
+        trees: Sequence[TreeStep | None] | None = None,
     ) -> None:
         return None
 
@@ -153,6 +169,9 @@ class MeasuredPolicy:
     def ceilings(self, budgets: Sequence[int]) -> list[int]:
         return [max(0, min(self.max_k, b)) for b in budgets]
 
+    def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
+        return None  # chains (a tree drafter keeps its own shape, its depth capped by the length)
+
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
         n = len(batch)
         draft = self._draft_cost(n)
@@ -184,6 +203,7 @@ class MeasuredPolicy:
         accepted: Sequence[int],
         draft_seconds: float | None,
         verify_seconds: float,
+        trees: Sequence[TreeStep | None] | None = None,
     ) -> None:
         k = max(drafted, default=0)
         self.verify_time[(len(batch), k + 1)].update(verify_seconds)
@@ -202,6 +222,128 @@ class MeasuredPolicy:
         live = {r.request_id for r in batch}
         for rid in [r for r in self.per_request if r not in live]:
             del self.per_request[rid]
+
+
+class TreePolicy(MeasuredPolicy):
+    """Chooses a static tree per request and step: Sequoia's hardware-aware choice (Chen et al.
+    2024, §3.2) with measured inputs.
+
+    Acceptance: the positional acceptance ``p_i`` (the share of verified rank-``i`` children that
+    were accepted, :mod:`verispec.analysis`), counted from the trees the rule walked, engine-wide and
+    per request (shrunk towards the engine-wide figure, which is shrunk towards a prior). Costs:
+    the target's pass over ``n + 1`` rows and the draft's pass per level, as
+    :class:`MeasuredPolicy` measures them. For every node budget ``n`` the best tree is the
+    dynamic programme's (:func:`~verispec.analysis.optimal_trees`), and the chosen ``n`` maximises
+    ``E(tree) / (depth x draft pass + verify(n + 1))``: a wider tree only while the verification
+    pass stays flat enough to pay for its nodes; none when no tree beats plain decoding.
+    """
+
+    def __init__(
+        self,
+        max_nodes: int,
+        max_depth: int = 8,
+        prior: Sequence[float] = (0.6, 0.15, 0.06, 0.03),
+        prior_weight: float = 8.0,
+        costs: CostTable | None = None,
+        probe_every: int = 16,
+    ) -> None:
+        super().__init__(max_depth, costs=costs, probe_every=probe_every)
+        self.max_nodes, self.max_depth = max_nodes, max_depth
+        self.prior, self.prior_weight = tuple(prior), prior_weight
+        self.rank_reached: list[float] = [0.0] * max_nodes
+        self.rank_accepted: list[float] = [0.0] * max_nodes
+        self.tree_counts: dict[str, tuple[list[float], list[float]]] = {}
+        self._chosen: dict[str, tuple[int, ...]] = {}
+        self._plans: dict[tuple[float, ...], list[TreePlan]] = {}
+
+    def positional(self, request_id: str | None = None) -> list[float]:
+        """``p_1, p_2, ...``: engine-wide, or for one request (shrunk towards engine-wide)."""
+        w = self.prior_weight
+        prior = [self.prior[i] if i < len(self.prior) else 0.0 for i in range(self.max_nodes)]
+        out = [(a + p * w) / (r + w) for a, r, p in zip(self.rank_accepted, self.rank_reached, prior, strict=True)]
+        if request_id is not None and request_id in self.tree_counts:
+            reached, accepted = self.tree_counts[request_id]
+            out = [(a + p * w) / (r + w) for a, r, p in zip(accepted, reached, out, strict=True)]
+        total = sum(out)
+        return [p / total * 0.999 for p in out] if total > 0.999 else out  # (at most one child is accepted)
+
+    def _trees(self, acceptance: list[float]) -> list[TreePlan]:
+        key = tuple(round(p, 2) for p in acceptance)  # (the plans change little within a percent)
+        plans = self._plans.get(key)
+        if plans is None:
+            if len(self._plans) > 256:
+                self._plans.clear()
+            plans = self._plans[key] = optimal_trees(key, self.max_nodes, self.max_depth)
+        return plans
+
+    def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
+        n = len(batch)
+        draft = self._draft_cost(n)
+        plain = 1.0 / self._verify_cost(n, 1)
+        depths: list[int] = []
+        for req, budget in zip(batch, budgets, strict=True):
+            best: TreePlan | None = None
+            best_rate = plain
+            for plan in self._trees(self.positional(req.request_id))[1 : max(0, min(budget, self.max_nodes)) + 1]:
+                if plan.depth > budget:
+                    break
+                rate = plan.expected_tokens / (plan.depth * draft + self._verify_cost(n, len(plan.parents) + 1))
+                if rate > best_rate * 1.01:  # a bigger tree must earn its keep
+                    best, best_rate = plan, rate
+            if best is not None:
+                self._chosen[req.request_id] = best.parents
+            depths.append(best.depth if best is not None else 0)
+        if not any(depths):
+            self._idle_steps += 1
+            if self.probe_every and self._idle_steps % self.probe_every == 0:  # a one-node probe
+                for i, (req, budget) in enumerate(zip(batch, budgets, strict=True)):
+                    if budget > 0:
+                        self._chosen[req.request_id], depths[i] = (-1,), 1
+        else:
+            self._idle_steps = 0
+        return depths
+
+    def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
+        return [self._chosen.get(r.request_id) if k > 0 else None for r, k in zip(batch, lengths, strict=True)]
+
+    def observe(
+        self,
+        batch: Sequence[Request],
+        drafted: Sequence[int],
+        accepted: Sequence[int],
+        draft_seconds: float | None,
+        verify_seconds: float,
+        trees: Sequence[TreeStep | None] | None = None,
+    ) -> None:
+        steps = list(trees) if trees is not None else [None] * len(batch)
+        self.verify_time[(len(batch), max(drafted, default=0) + 1)].update(verify_seconds)
+        levels = max((max(tree_depths(t[0]), default=0) for t in steps if t is not None), default=0)
+        if levels and draft_seconds is not None:
+            self.draft_pass[len(batch)].update(draft_seconds / levels)
+        for req, step in zip(batch, steps, strict=True):
+            if step is None:
+                continue
+            reached, acc = self.tree_counts.setdefault(req.request_id, ([0.0] * self.max_nodes, [0.0] * self.max_nodes))
+            stats = SpecStats()
+            stats.observe_tree(*step)
+            for i, (r, a) in enumerate(zip(stats.rank_reached[: self.max_nodes], stats.rank_accepted, strict=False)):
+                reached[i] += r
+                acc[i] += a
+                self.rank_reached[i] += r
+                self.rank_accepted[i] += a
+        live = {r.request_id for r in batch}
+        for rid in [r for r in self.tree_counts if r not in live]:
+            del self.tree_counts[rid]
+        for rid in [r for r in self._chosen if r not in live]:
+            del self._chosen[rid]
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """The depth of each node of a tree (1: a child of the root)."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
 
 
 def make_policy(config: EngineConfig, speculative: bool, costs: CostTable | None = None) -> DraftPolicy:

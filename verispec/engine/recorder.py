@@ -64,12 +64,17 @@ class StepRecorder:
         self.steps.append(step)
         return step
 
-    def charge(self, step: StepRecord, rows: Sequence[tuple[Request, int, int]]) -> None:
-        """Each request's share of the step, for ``(request, draft tokens, accepted)`` rows: its
-        acceptance figures, its draft and verification time, one more step, and the moment its
-        new tokens were committed."""
-        for req, drafted, accepted in rows:
+    def charge(
+        self, step: StepRecord, rows: Sequence[tuple[Request, int, int, tuple[Sequence[int], Sequence[int]] | None]]
+    ) -> None:
+        """Each request's share of the step, for ``(request, draft tokens, accepted, tree)`` rows
+        (``tree``: a tree draft's parents and accepted path, else None): its acceptance figures,
+        its draft and verification time, one more step, and the moment its new tokens were
+        committed."""
+        for req, drafted, accepted, tree in rows:
             req.stats.observe(drafted, accepted)
+            if tree is not None:
+                req.stats.observe_tree(*tree)
             req.timings.steps += 1
             req.timings.draft_seconds += step.draft_seconds
             req.timings.verify_seconds += step.verify_seconds

@@ -1,0 +1,42 @@
+"""SpecStats: vLLM's acceptance definitions, and for trees the acceptance by child rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.metrics import SpecStats
+
+
+def test_chain_counts_follow_the_vllm_definitions() -> None:
+    s = SpecStats()
+    s.observe(4, 2)
+    s.observe(4, 4)
+    s.observe(0, 0)  # a step without a draft is no draft
+    assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens) == (2, 8, 6)
+    assert s.accepted_per_pos == [2, 2, 1, 1]
+    assert s.acceptance_rate == 0.75 and s.mean_acceptance_length == 4.0
+    with pytest.raises(ValueError):
+        s.observe(2, 3)
+
+
+def test_acceptance_by_child_rank_counts_every_visited_node() -> None:
+    # root -> a (rank 0), b (rank 1); b -> c (rank 0), d (rank 1); d has no children
+    parents = [-1, -1, 1, 1]
+    s = SpecStats()
+    s.observe_tree(parents, [1, 3])  # b, then d: at the root rank 1 won, at b rank 1 won
+    assert s.rank_reached == [2, 2] and s.rank_accepted == [0, 2]
+    s.observe_tree(parents, [0])  # a accepted: a has no children, nothing more verified
+    s.observe_tree(parents, [])  # nothing accepted
+    assert s.rank_reached == [4, 4] and s.rank_accepted == [1, 2]
+    assert s.positional_acceptance == [0.25, 0.5]
+    merged = s.merge(s)
+    assert merged.rank_reached == [8, 8] and merged.positional_acceptance == [0.25, 0.5]
+    assert s.as_dict()["positional_acceptance"] == [0.25, 0.5]
+    with pytest.raises(ValueError, match="not a child"):
+        s.observe_tree(parents, [2])  # c is not a child of the root
+
+
+def test_a_chain_through_observe_tree_is_the_per_token_acceptance() -> None:
+    s = SpecStats()
+    s.observe_tree([-1, 0, 1], [0, 1])  # two of three accepted
+    assert s.rank_reached == [3] and s.rank_accepted == [2]
