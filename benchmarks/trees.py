@@ -42,7 +42,7 @@ from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.metrics import SpecStats
-from verispec.pipeline import build, load_datastore, machine_defaults
+from verispec.pipeline import build, chat_prompt, load_datastore, machine_defaults
 
 
 def parse_configs(text: str) -> list[tuple[str, str]]:
@@ -141,7 +141,9 @@ def main() -> None:
         texts = prompt_set(set_name)[: args.prompts]
         per: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
         for i, text in enumerate(texts):
-            ids = pipe.target.tokenizer.encode(text)
+            instruction = set_name in ("chat", "summarize", "edit") and pipe.target.tokenizer.chat_template
+            # (instructions go through the chat template, as verispec bench sends them)
+            ids = pipe.target.tokenizer.encode(chat_prompt(pipe.target, text) if instruction else text)
             names = list(engines)
             names = names[i % len(names) :] + names[: i % len(names)]  # rotate
             for name in names:

