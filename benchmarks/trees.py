@@ -9,6 +9,7 @@ own engine and caches:
     tree:D,E,B,N     the tree drafter (top-k children, point-mass rule) of that shape; a static
                      shape as JSON rank paths (tree:[[0],[1],[0,0]]) or a file of them
     tree-sampled:... / tree-distinct:...   i.i.d. / without-replacement children (sampled requests)
+    ngram:K          prompt lookup (no model), chains of K
     suffix:K         the suffix drafter (no model), K a chain length for the policy
     retrieval:PATH   the retrieval drafter over a datastore of the files at PATH (no model)
 
@@ -70,11 +71,11 @@ def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engin
         draft_head=draft_head,
         keep_ids=tuple(target.tokenizer.eos_token_ids),
     )
-    if kind in ("suffix", "retrieval"):
+    if kind in ("ngram", "suffix", "retrieval"):
         datastore = load_datastore(text_files(arg), target.tokenizer) if kind == "retrieval" else None
         drafter = make_drafter(kind, vocab_size=target.logits_width, datastore=datastore)
         config = EngineConfig(
-            max_batch=1, max_len=4000, num_draft_tokens=int(arg) if kind == "suffix" else 8, max_draft_tokens=16
+            max_batch=1, max_len=4000, num_draft_tokens=8 if kind == "retrieval" else int(arg), max_draft_tokens=16
         )
     elif kind in ("chain", "block"):
         drafter = make_drafter("model", **common)  # type: ignore[arg-type]

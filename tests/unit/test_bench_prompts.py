@@ -32,7 +32,7 @@ def test_edit_prompts_are_verispec_functions(tmp_path) -> None:  # type: ignore[
     assert len(edits) >= 20 and len(edits) % 2 == 0 and edits == prompt_set("edit")  # deterministic
     rewrite, complete = edits[0], edits[1]
     assert "```python\ndef " in rewrite and rewrite.endswith("```")
-    assert complete.startswith("Complete this function") and "```python\ndef " in complete
+    assert "beginning of a function" in complete and "```python\ndef " in complete
     (tmp_path / "m.py").write_text("def f(x):\n" + "    x += 1\n" * 9 + "    return x\n\ndef g():\n    pass\n")
     mine = edit_prompts(tmp_path, every=1)
     assert len(mine) == 2 and "verispec/m.py" in mine[0] and "def g" not in mine[0]  # g is too short

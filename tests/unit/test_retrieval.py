@@ -160,3 +160,17 @@ def test_a_datastore_is_built_once_and_cached(tmp_path: Path) -> None:
         p.write_bytes(b"damaged")
     rebuilt = Datastore.from_files(files, encode, cache, "tok-1")  # a damaged file is built again, not a crash
     assert calls == [1, 1, 1] and np.array_equal(rebuilt.tokens, first.tokens)
+
+
+def test_the_requests_own_text_joins_the_datastore() -> None:
+    store = Datastore.build([[50, 51, 52, 53]])
+    d = RetrievalDrafter(store, min_n=2, max_n=4, depth=3, min_share=0.1)
+    d.begin("a", [7, 8, 9, 1, 2, 7, 8])  # "7 8" occurred in the prompt, followed by 9 1 2
+    draft = d.propose(view(["a"]), [4])
+    n = int(draft.num_tokens[0])
+    assert draft.token_ids[0, :n].tolist() == [9, 1, 2]
+    d.begin("b", [1, 50, 51, 9, 50, 51])  # both: the prompt's continuation and the datastore's
+    draft = d.propose(view(["b"]), [4])
+    n = int(draft.num_tokens[0])
+    roots = [t for t, p in zip(draft.token_ids[0, :n].tolist(), draft.parents[0, :n].tolist(), strict=True) if p < 0]
+    assert sorted(roots) == [9, 52]

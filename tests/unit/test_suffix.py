@@ -41,7 +41,7 @@ def test_two_continuations_make_two_branches_best_first():
 
 
 def test_the_budget_and_the_room_cap_the_tree():
-    d = SuffixDrafter(min_n=1, max_n=2, depth=8, max_nodes=16, min_share=0.01)
+    d = SuffixDrafter(min_n=1, max_n=2, depth=8, max_nodes=16, min_share=0.01, spec_factor=16)
     tokens = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5, 6, 7, 8, 9, 10, 3]
     d.begin("a", tokens)
     assert int(d.propose(view(["a"], room=3), [4]).num_tokens[0]) == 3
@@ -75,3 +75,14 @@ def test_bad_options_and_unknown_requests():
     d.begin("a", [1])
     with pytest.raises(InputError, match="already running"):
         d.begin("a", [1])
+
+
+def test_a_short_match_drafts_a_short_guess():
+    """At most spec_factor x the match's length nodes (SuffixDecoding's adaptive draft size)."""
+    tokens = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5, 6, 7, 8, 9, 10, 3]
+    for factor, n in ((1.0, 1), (2.0, 2), (8.0, 8)):
+        d = SuffixDrafter(min_n=1, max_n=4, depth=8, max_nodes=16, min_share=0.01, spec_factor=factor)
+        d.begin("a", tokens)  # only "3" matches (one token)
+        assert int(d.propose(view(["a"]), [8]).num_tokens[0]) == n
+    with pytest.raises(ConfigError):
+        SuffixDrafter(spec_factor=0.0)

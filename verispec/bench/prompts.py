@@ -102,15 +102,15 @@ def summarize_prompts() -> list[str]:
 _EDIT_TASKS = [
     "Here is a function from {path} in the verispec repository. Add a line comment above every "
     "statement that is not obvious, and return the whole function in a Python code block.\n\n```python\n{code}\n```",
-    "Complete this function from {path} in the verispec repository; answer with the rest of its body "
-    "only.\n\n```python\n{head}",
+    "Here is the beginning of a function from {path} in the verispec repository. Write the whole "
+    "function, from its first line to its last, in a Python code block.\n\n```python\n{head}\n```",
 ]
 
 
 def edit_prompts(root: Path | None = None, every: int = 7, min_lines: int = 8, max_lines: int = 40) -> list[str]:
     """Edits of verispec's own source: for every ``every``-th top-level function of ``min_lines``
     to ``max_lines`` lines (files in sorted order), one task that rewrites it with the function in
-    the prompt, and one that completes it from its first half (the rest is only in the repository)."""
+    the prompt, and one that writes it whole from its first half (the rest is only in the repository)."""
     root = root or Path(__file__).resolve().parent.parent
     functions: list[tuple[str, str]] = []
     for file in sorted(root.rglob("*.py")):

@@ -1,5 +1,6 @@
 """Retrieval drafting: trees of what followed the current suffix in a datastore of the user's text
-or code (REST, He et al. 2024, "REST: Retrieval-Based Speculative Decoding", NAACL 2024).
+or code (REST, He et al. 2024, "REST: Retrieval-Based Speculative Decoding", NAACL 2024), and in
+the request's own prompt and output.
 
 The datastore is every text file under a path (a repository, a folder of documents), tokenised
 with the target's tokenizer and concatenated, documents separated by a value no token has, with a
@@ -9,11 +10,14 @@ bytes per token). Each step the drafter takes the longest suffix of the request'
 contiguous range of the suffix array, found by binary search. The continuations of up to
 ``max_matches`` occurrences (evenly spaced over the range, so each continuation's share of them
 is its share of all of them: the suffix array sorts the occurrences by what follows) are merged
-into a trie whose likeliest nodes become a tree of ``"fixed"`` children
+into a trie whose likeliest nodes (at most ``spec_factor`` times the match's length, as
+SuffixDecoding sizes its drafts) become a tree of ``"fixed"`` children
 (:mod:`verispec.drafters.trie`), verified by recursive point-mass acceptance: the target's law is
-kept whatever the datastore holds.
+kept whatever the datastore holds. The request's own earlier occurrences of the suffix join the
+datastore's (first, up to ``max_matches`` of each), so text the answer copies from its prompt is
+drafted too, as prompt lookup would.
 
-A datastore is built once per (files, tokenizer) and cached; :meth:`Datastore.from_path` reads
+A datastore is built once per (files, tokenizer) and cached; :func:`text_files` reads
 only regular text files (UTF-8, no NUL byte), skips hidden names and symbolic links, and is
 bounded in bytes per file and in all.
 """
@@ -31,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from verispec.drafters.base import BatchView
-from verispec.drafters.trie import best_continuations, tree_draft
+from verispec.drafters.trie import OwnTokens, best_continuations, tree_draft
 from verispec.errors import ConfigError, InputError
 from verispec.verify.base import Draft
 
@@ -223,6 +227,7 @@ class RetrievalDrafter:
         max_nodes: int = 16,
         min_share: float = 0.1,
         max_matches: int = 64,
+        spec_factor: float = 2.0,
     ) -> None:
         if not 1 <= min_n <= max_n:
             raise ConfigError(f"retrieval suffix sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
@@ -230,41 +235,45 @@ class RetrievalDrafter:
             raise ConfigError("retrieval drafter: depth, max_nodes and max_matches must be >= 1")
         if not 0.0 < min_share <= 1.0:
             raise ConfigError(f"min_share must be in (0, 1], got {min_share}")
+        if not 0.0 < spec_factor < float("inf"):
+            raise ConfigError(f"spec_factor must be a number > 0, got {spec_factor}")
+        self.spec_factor = spec_factor
         self.datastore = datastore
         self.min_n, self.max_n, self.depth, self.max_nodes = min_n, max_n, depth, max_nodes
         self.min_share, self.max_matches = min_share, max_matches
-        self._tokens: dict[str, Sequence[int]] = {}
+        self._own: dict[str, OwnTokens] = {}
 
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
-        if request_id in self._tokens:
+        if request_id in self._own:
             raise InputError(f"request {request_id!r} is already running; request ids must be unique")
-        self._tokens[request_id] = prompt_ids  # the engine extends it as it commits
+        self._own[request_id] = OwnTokens(prompt_ids, self.min_n, self.max_n, self.max_matches)
 
     def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
-        self._get(request_id)
+        self._get(request_id)  # the tokens arrive through the request's own list
 
     def end(self, request_id: str) -> None:
-        self._tokens.pop(request_id, None)
+        self._own.pop(request_id, None)
 
-    def _get(self, request_id: str) -> Sequence[int]:
+    def _get(self, request_id: str) -> OwnTokens:
         try:
-            return self._tokens[request_id]
+            return self._own[request_id]
         except KeyError:
             raise InputError(f"unknown request {request_id!r}: call begin() before propose()/observe()") from None
 
     def tree(self, request_id: str, budget: int) -> tuple[list[int], list[int]]:
         """The tokens and parents (-1: the root) of the tree for one request, at most ``budget``
         nodes, parents first."""
-        tokens = self._get(request_id)
+        own = self._get(request_id)
+        tokens = own.tokens
         budget = min(budget, self.max_nodes)
         if budget <= 0:
             return [], []
         for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
-            suffix = list(tokens[-n:])
-            lo, hi = self.datastore.occurrences(suffix)
-            if hi > lo:
-                found = self.datastore.continuations(lo, hi, n, self.depth, self.max_matches)
-                return best_continuations(found, budget, self.min_share)
+            found = [tokens[pos : pos + self.depth] for pos in own.starts(n)]  # the request's own text first
+            lo, hi = self.datastore.occurrences(list(tokens[-n:]))
+            found += self.datastore.continuations(lo, hi, n, self.depth, self.max_matches) if hi > lo else []
+            if found:  # a draft of at most spec_factor x the match's length (a short match guesses little)
+                return best_continuations(found, min(budget, max(1, round(self.spec_factor * n))), self.min_share)
         return [], []
 
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:

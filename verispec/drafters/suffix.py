@@ -4,12 +4,13 @@ Applications"), over the request's own prompt and output and the outputs of earl
 
 Where prompt lookup (:mod:`verispec.drafters.ngram`) proposes the one continuation of the most
 recent match, this drafter gathers every earlier occurrence of the longest matching suffix (up to
-``max_matches``, the most recent first) and proposes the likeliest nodes of the trie of their next
-``depth`` tokens (:mod:`verispec.drafters.trie`: share of the matches through a node at least
-``min_share``, at most ``max_nodes`` nodes; so a frequent, long match drafts a deep tree and a
-rare one a short guess: the draft's size adapts to the match's statistics, as SuffixDecoding's
-does). The candidates do not depend on any randomness: they are
-``"fixed"`` children, verified by recursive point-mass acceptance, which keeps the target's law.
+``max_matches``, the most recent first) and proposes the likeliest nodes of the trie of their
+next ``depth`` tokens (:mod:`verispec.drafters.trie`: share of the matches through a node at
+least ``min_share``, at most ``max_nodes`` nodes, and at most ``spec_factor`` times the match's
+length: so a frequent, long match drafts a deep tree and a short or rare one a short guess; the
+draft's size adapts to the match's statistics, as SuffixDecoding's does). The candidates do not
+depend on any randomness: they are ``"fixed"`` children, verified by recursive point-mass
+acceptance, which keeps the target's law.
 
 Memory: each request indexes its own tokens (n-gram -> the positions after its occurrences, the
 last ``max_matches`` kept); finished requests' outputs join a shared corpus of at most
@@ -24,41 +25,9 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from verispec.drafters.base import BatchView
-from verispec.drafters.trie import best_continuations, tree_draft
+from verispec.drafters.trie import Occurrences, OwnTokens, best_continuations, tree_draft
 from verispec.errors import ConfigError, InputError
 from verispec.verify.base import Draft
-
-
-class _Occurrences:
-    """n-gram -> the (sequence, position after it) of its last ``keep`` occurrences, n in [min_n, max_n]."""
-
-    def __init__(self, min_n: int, max_n: int, keep: int) -> None:
-        self.min_n, self.max_n, self.keep = min_n, max_n, keep
-        self.tables: dict[int, dict[tuple[int, ...], deque[tuple[int, int]]]] = {n: {} for n in range(min_n, max_n + 1)}
-
-    def add(self, seq_id: int, tokens: Sequence[int], start: int, end: int) -> None:
-        """Index the n-grams of ``tokens`` ending at positions ``start .. end - 1``."""
-        for pos in range(start, end):
-            for n, table in self.tables.items():
-                if pos + 1 >= n:
-                    key = tuple(tokens[pos + 1 - n : pos + 1])
-                    where = table.get(key)
-                    if where is None:
-                        where = table[key] = deque(maxlen=self.keep)
-                    where.append((seq_id, pos + 1))
-
-    def remove(self, seq_id: int, tokens: Sequence[int]) -> None:
-        for pos in range(len(tokens)):
-            for n, table in self.tables.items():
-                if pos + 1 >= n:
-                    key = tuple(tokens[pos + 1 - n : pos + 1])
-                    where = table.get(key)
-                    if where is not None:
-                        kept = deque((s, p) for s, p in where if s != seq_id)
-                        if kept:
-                            table[key] = deque(kept, maxlen=self.keep)
-                        else:
-                            del table[key]
 
 
 class SuffixDrafter:
@@ -78,6 +47,7 @@ class SuffixDrafter:
         min_share: float = 0.1,
         max_matches: int = 32,
         corpus_tokens: int = 1_000_000,
+        spec_factor: float = 2.0,
     ) -> None:
         if not 1 <= min_n <= max_n:
             raise ConfigError(f"suffix sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
@@ -85,10 +55,13 @@ class SuffixDrafter:
             raise ConfigError("suffix drafter: depth, max_nodes and max_matches must be >= 1, corpus_tokens >= 0")
         if not 0.0 < min_share <= 1.0:
             raise ConfigError(f"min_share must be in (0, 1], got {min_share}")
+        if not 0.0 < spec_factor < float("inf"):
+            raise ConfigError(f"spec_factor must be a number > 0, got {spec_factor}")
+        self.spec_factor = spec_factor
         self.min_n, self.max_n, self.depth, self.max_nodes = min_n, max_n, depth, max_nodes
         self.min_share, self.max_matches, self.corpus_tokens = min_share, max_matches, corpus_tokens
-        self._own: dict[str, tuple[Sequence[int], _Occurrences, list[int]]] = {}  # tokens, index, [indexed end]
-        self._corpus = _Occurrences(min_n, max_n, max_matches)
+        self._own: dict[str, OwnTokens] = {}
+        self._corpus = Occurrences(min_n, max_n, max_matches)
         self._corpus_seqs: dict[int, list[int]] = {}
         self._corpus_order: deque[int] = deque()
         self._corpus_size = 0
@@ -98,7 +71,7 @@ class SuffixDrafter:
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
         if request_id in self._own:
             raise InputError(f"request {request_id!r} is already running; request ids must be unique")
-        self._own[request_id] = (prompt_ids, _Occurrences(self.min_n, self.max_n, self.max_matches), [0])
+        self._own[request_id] = OwnTokens(prompt_ids, self.min_n, self.max_n, self.max_matches)
 
     def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
         self._get(request_id)  # the tokens arrive through the request's own list
@@ -107,7 +80,7 @@ class SuffixDrafter:
         entry = self._own.pop(request_id, None)
         if entry is None or self.corpus_tokens == 0:
             return
-        tokens = list(entry[0])
+        tokens = list(entry.tokens)
         if not tokens:
             return
         tokens = tokens[-self.corpus_tokens :]
@@ -122,7 +95,7 @@ class SuffixDrafter:
             self._corpus_size -= len(gone)
             self._corpus.remove(old, gone)
 
-    def _get(self, request_id: str) -> tuple[Sequence[int], _Occurrences, list[int]]:
+    def _get(self, request_id: str) -> OwnTokens:
         try:
             return self._own[request_id]
         except KeyError:
@@ -132,11 +105,8 @@ class SuffixDrafter:
     def tree(self, request_id: str, budget: int) -> tuple[list[int], list[int]]:
         """The tokens and parents (-1: the root) of the tree for one request, at most ``budget``
         nodes, parents first."""
-        tokens, own, indexed = self._get(request_id)
-        last = len(tokens) - 1  # n-grams ending before the last token: a match is never the suffix itself
-        if last > indexed[0]:
-            own.add(0, tokens, indexed[0], last)
-            indexed[0] = last
+        own = self._get(request_id)
+        tokens = own.tokens
         budget = min(budget, self.max_nodes)
         if budget <= 0:
             return [], []
@@ -144,9 +114,11 @@ class SuffixDrafter:
             if len(tokens) < n:
                 continue
             key = tuple(tokens[-n:])
-            starts = list(self._corpus.tables[n].get(key, ())) + list(own.tables[n].get(key, ()))  # oldest first
-            if starts:
-                return self._best_nodes(tokens, starts[-self.max_matches :], budget)
+            corpus = list(self._corpus.tables[n].get(key, ()))
+            starts = corpus + [(0, pos) for pos in own.starts(n)]  # oldest first
+            if starts:  # a draft of at most spec_factor x the match's length (SuffixDecoding's adaptive size)
+                size = min(budget, max(1, round(self.spec_factor * n)))
+                return self._best_nodes(tokens, starts[-self.max_matches :], size)
         return [], []
 
     def _best_nodes(

@@ -12,6 +12,7 @@ tree (:mod:`verispec.analysis`: positional acceptance).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -58,6 +59,59 @@ def best_continuations(
         out_tokens.append(trie_token[node])
         out_parents.append(chosen[trie_parent[node]])
     return out_tokens, out_parents
+
+
+class Occurrences:
+    """n-gram -> the (sequence, position after it) of its last ``keep`` occurrences, n in [min_n, max_n]."""
+
+    def __init__(self, min_n: int, max_n: int, keep: int) -> None:
+        self.min_n, self.max_n, self.keep = min_n, max_n, keep
+        self.tables: dict[int, dict[tuple[int, ...], deque[tuple[int, int]]]] = {n: {} for n in range(min_n, max_n + 1)}
+
+    def add(self, seq_id: int, tokens: Sequence[int], start: int, end: int) -> None:
+        """Index the n-grams of ``tokens`` ending at positions ``start .. end - 1``."""
+        for pos in range(start, end):
+            for n, table in self.tables.items():
+                if pos + 1 >= n:
+                    key = tuple(tokens[pos + 1 - n : pos + 1])
+                    where = table.get(key)
+                    if where is None:
+                        where = table[key] = deque(maxlen=self.keep)
+                    where.append((seq_id, pos + 1))
+
+    def remove(self, seq_id: int, tokens: Sequence[int]) -> None:
+        for pos in range(len(tokens)):
+            for n, table in self.tables.items():
+                if pos + 1 >= n:
+                    key = tuple(tokens[pos + 1 - n : pos + 1])
+                    where = table.get(key)
+                    if where is not None:
+                        kept = deque((s, p) for s, p in where if s != seq_id)
+                        if kept:
+                            table[key] = deque(kept, maxlen=self.keep)
+                        else:
+                            del table[key]
+
+
+class OwnTokens:
+    """A request's own token list (the engine extends it) and an index of its n-grams, brought up
+    to date when asked: where each n-gram ended before the current suffix."""
+
+    def __init__(self, tokens: Sequence[int], min_n: int, max_n: int, keep: int) -> None:
+        self.tokens = tokens
+        self.index = Occurrences(min_n, max_n, keep)
+        self._indexed = 0  # n-grams ending before this position are indexed
+
+    def starts(self, n: int) -> list[int]:
+        """Positions just after the earlier occurrences (the last ``keep``, oldest first) of the
+        last ``n`` tokens; never the suffix itself."""
+        last = len(self.tokens) - 1
+        if last > self._indexed:
+            self.index.add(0, self.tokens, self._indexed, last)
+            self._indexed = last
+        if len(self.tokens) < n or n not in self.index.tables:
+            return []
+        return [pos for _, pos in self.index.tables[n].get(tuple(self.tokens[-n:]), ())]
 
 
 def tree_draft(trees: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Draft:
