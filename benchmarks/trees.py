@@ -4,11 +4,13 @@ One loaded target and draft (the machine's default precisions, or ``--dtype`` / 
 for every prompt, in rotating order: plain decoding, then each ``--configs`` entry, each with its
 own engine and caches:
 
-    chain:K          the draft model's chain of K tokens, token-wise rejection rule
+    chain:K          the draft model's chain of K tokens, token-wise rejection rule (chain:auto: K
+                     per step from measured costs, verispec generate's default)
     block:K          the same chain, block verification (Sun et al. 2025)
     tree:D,E,B,N     the tree drafter (top-k children, point-mass rule) of that shape; a static
                      shape as JSON rank paths (tree:[[0],[1],[0,0]]) or a file of them
     tree-sampled:... / tree-distinct:...   i.i.d. / without-replacement children (sampled requests)
+    tree-auto:C      the tree planned per step (--tree auto), children C (fixed, sampled, distinct)
     ngram:K          prompt lookup (no model), chains of K
     suffix:K         the suffix drafter (no model), K a chain length for the policy
     retrieval:PATH   the retrieval drafter over a datastore of the files at PATH (no model)
@@ -41,9 +43,12 @@ from verispec.drafters.registry import make_drafter
 from verispec.drafters.retrieval import text_files
 from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
+from verispec.engine.calibrate import CostTable, load_or_calibrate
+from verispec.engine.policy import TreePolicy, make_policy
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.formats.registry import verispec_home
 from verispec.metrics import SpecStats
-from verispec.pipeline import build, chat_prompt, load_datastore, machine_defaults
+from verispec.pipeline import AUTO_TREE_DEPTH, AUTO_TREE_NODES, build, chat_prompt, load_datastore, machine_defaults
 
 
 def parse_configs(text: str) -> list[tuple[str, str]]:
@@ -82,9 +87,18 @@ def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engin
         config = EngineConfig(
             max_batch=1,
             max_len=4000,
-            num_draft_tokens=int(arg),
+            num_draft_tokens=None if arg == "auto" else int(arg),
             spec=SpecConfig(rule="block" if kind == "block" else "rejection"),
         )
+        if arg == "auto":  # K per step from measured costs, as verispec generate's default
+            policy = make_policy(config, speculative=True, costs=measured_costs(target))
+            return Engine(target.model, target.tokenizer, drafter, config, vocab_limit=target.vocab_size, policy=policy)
+    elif kind == "tree-auto":  # the tree planned per step (verispec generate --drafter tree --tree auto)
+        shape = TreeShape(AUTO_TREE_DEPTH, 2, 2, AUTO_TREE_NODES)
+        drafter = make_drafter("tree", tree=shape, tree_children=arg, **common)  # type: ignore[arg-type]
+        config = EngineConfig(max_batch=1, max_len=4000, max_draft_tokens=shape.max_nodes)
+        policy = TreePolicy(shape.max_nodes, shape.depth, costs=measured_costs(target))
+        return Engine(target.model, target.tokenizer, drafter, config, vocab_limit=target.vocab_size, policy=policy)
     else:
         shape = TreeShape.parse(arg)
         children = {"tree": "fixed", "tree-sampled": "sampled", "tree-distinct": "distinct"}[kind]
@@ -93,6 +107,11 @@ def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engin
             max_batch=1, max_len=4000, num_draft_tokens=shape.depth, max_draft_tokens=max(8, shape.max_nodes)
         )
     return Engine(target.model, target.tokenizer, drafter, config, vocab_limit=target.vocab_size)
+
+
+def measured_costs(target: Any) -> CostTable:
+    """The target's pass costs as verispec measures them on this machine (once, cached)."""
+    return load_or_calibrate(target.model, target.name, verispec_home(), batch_sizes=[1])
 
 
 def run(engine: Engine, ids: list[int], params: SamplingParams) -> dict[str, Any]:

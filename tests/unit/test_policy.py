@@ -194,3 +194,9 @@ def test_tree_auto_greedy_equals_plain_greedy() -> None:
     assert sum(o.stats.num_draft_tokens for o in outs) > 0
     assert sum(policy.rank_reached) > 0  # the policy saw the trees the rule walked
     assert any(len(r) > 1 and r[1] > 0 for r in [o.stats.rank_reached for o in outs])  # wider than a chain
+
+
+def test_estimates_that_round_past_one_still_plan() -> None:
+    policy = TreePolicy(16, 6, prior=(0.7655, 0.1455, 0.0575, 0.0295), costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1}))
+    policy.draft_pass[1].update(0.001)
+    assert policy.draft_lengths(requests(1), [100])[0] > 0  # (rounded to the percent these would sum past 1)

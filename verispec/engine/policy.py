@@ -21,6 +21,7 @@ predictable again.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Protocol
@@ -268,7 +269,7 @@ class TreePolicy(MeasuredPolicy):
         return [p / total * 0.999 for p in out] if total > 0.999 else out  # (at most one child is accepted)
 
     def _trees(self, acceptance: list[float]) -> list[TreePlan]:
-        key = tuple(round(p, 2) for p in acceptance)  # (the plans change little within a percent)
+        key = tuple(math.floor(p * 100) / 100 for p in acceptance)  # (plans change little within a percent)
         plans = self._plans.get(key)
         if plans is None:
             if len(self._plans) > 256:
