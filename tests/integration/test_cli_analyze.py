@@ -205,7 +205,7 @@ def test_trees_table_best_tree_and_written_paths(tmp_path: Path, capsys: pytest.
     assert run(*TREE, "--tree-nodes", "8", "--c", "0.2", "--tree-out", str(out_file), "--plot", str(plot)) == 0
     out, err = capsys.readouterr()
     assert err == ""
-    assert "Best tree by size" in out and "S tree" in out and str(out_file) in out
+    assert "Best tree of each size" in out and "S tree" in out and str(out_file) in out
     assert_valid_png(plot)
     paths = json.loads(out_file.read_text())
     from verispec.analysis import optimal_tree, parents_from_paths, tree_expected_tokens

@@ -36,7 +36,7 @@ def test_certify_engine_json(capsys: pytest.CaptureFixture[str]) -> None:
         (["--k", "auto"], "--k auto needs --engine"),
         (["--drafter", "ngram"], "needs --engine"),
         (["--samples", "0"], "--samples must be >= 1"),
-        (["--engine", "--drafter", "point-mass"], "model, ngram, composite or tree"),
+        (["--engine", "--drafter", "point-mass"], "certifies a drafter"),
         (["--engine", "--draft-vocab", "9"], "--draft-vocab must be in 1..4"),
         (["--engine", "--device", "tpu"], "unknown device"),
         (["--k", "x"], "comma-separated"),

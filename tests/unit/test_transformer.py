@@ -29,7 +29,9 @@ from verispec.models.transformer import Transformer, random_state_dict, tree_att
 V = 97
 STD = 0.2
 FP32_HF_TOL = 1e-4  # max abs logit difference allowed against transformers in fp32
-SELF_TOL = 1e-5  # the same model computing the same thing through different kernel shapes
+# the same model computing the same thing through different kernel shapes: fp32 sums in another
+# order (1.04e-5 seen on an AMD Zen 5 for logits near 1, where 1e-5 was enough on other CPUs)
+SELF_TOL = 3e-5
 
 
 def make_config(arch: str = "qwen2", **overrides: Any) -> ModelConfig:

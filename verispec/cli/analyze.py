@@ -416,7 +416,7 @@ def _print_tree_tables(r: dict[str, Any]) -> None:
         + (f", c = {r['c']:g}" if r["c"] is not None else "")
     )
     console.print(f"[dim]{r['model']}[/]")
-    table = Table(title="Best tree by size (dynamic programme) and a chain of the same size", title_justify="left")
+    table = Table(title="Best tree of each size, and a chain", title_justify="left")
     cols = ["nodes", "E tree", "depth", "E chain", "tree / chain"] + (
         ["S tree", "S chain"] if r["c"] is not None else []
     )
@@ -438,10 +438,13 @@ def _print_tree_tables(r: dict[str, Any]) -> None:
         console.print(
             f"--tree {g['tree']}: {g['nodes']} nodes, depth {g['depth']}, E = {_fmt(g['expected_tokens'])}{extra}",
             markup=False,
+            soft_wrap=True,
         )
     if r.get("tree_out"):
         console.print(
-            f"best tree written to {r['tree_out']} (use it with --drafter tree --tree {r['tree_out']})", markup=False
+            f"best tree written to {r['tree_out']} (use it with --drafter tree --tree {r['tree_out']})",
+            markup=False,
+            soft_wrap=True,
         )
     if r.get("plot"):
         console.print(f"plot written to {r['plot']}", markup=False, soft_wrap=True)
@@ -462,8 +465,7 @@ def _write_file(path: str, data: bytes, what: str, flag: str) -> None:
     except OSError as exc:
         raise ConfigError(
             f"cannot write the {what} to {path!r} ({exc.strerror or exc}); "
-            f"pass {flag} with a path in a writable directory"
-            + (", or --no-plot" if flag == "--plot" else "")
+            f"pass {flag} with a path in a writable directory" + (", or --no-plot" if flag == "--plot" else "")
         ) from exc
 
 
