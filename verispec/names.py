@@ -18,9 +18,9 @@ QUANTIZED = ("int8", "int4")
 #: Where draft tokens come from (``--drafter``): the draft model, prompt lookup, prompt lookup
 #: else the model, the draft model's token trees, trees of earlier continuations of the current
 #: suffix (no model), trees of its continuations in a datastore of the user's files (no model),
-#: or none (plain decoding).
-DRAFTERS = ("model", "ngram", "composite", "tree", "suffix", "retrieval", "none")
-#: The drafters that propose trees.
+#: Medusa heads on the target's hidden state (no draft model), or none (plain decoding).
+DRAFTERS = ("model", "ngram", "composite", "tree", "suffix", "retrieval", "medusa", "none")
+#: The drafters that propose trees (medusa: when given a static tree).
 TREE_DRAFTERS = ("tree", "suffix", "retrieval")
 #: The drafters that need a draft model.
 MODEL_DRAFTERS = ("model", "composite", "tree")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.config import EngineConfig, SamplingParams, SpecConfig
+from verispec.drafters.heads import load_heads
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.retrieval import Datastore, DatastoreFiles, text_files
 from verispec.engine.engine import Engine
@@ -124,6 +125,7 @@ def check_rule_fits_drafter(rule: str, drafter: str, tree_children: str = "fixed
     if trees and rule in ("block", "typical"):
         raise ConfigError(f"--rule {rule} verifies chains; the {drafter} drafter proposes trees: use --rule rejection")
     children = {"model": "sampled", "composite": "sampled", "ngram": "fixed", "suffix": "fixed", "retrieval": "fixed"}
+    children["medusa"] = "fixed"  # (the heads' candidates are point masses)
     children["tree"] = tree_children
     made_for = TREE_RULES[rule].kind if rule in TREE_RULES else None
     if made_for is not None and drafter in children and children[drafter] != made_for:
@@ -169,6 +171,7 @@ def build(
     tree: str | None = None,
     tree_children: str = "fixed",
     datastore: str | os.PathLike[str] | None = None,
+    heads: str | os.PathLike[str] | None = None,
     progress: ProgressFn | None = None,
 ) -> Pipeline:
     """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
@@ -180,7 +183,8 @@ def build(
     :class:`~verispec.drafters.tree.TreeShape`; "auto": a static tree planned per step by
     :class:`~verispec.engine.policy.TreePolicy`) and how its children are drawn. A fixed shape's
     depth is ``k`` when given, else the shape's.
-    ``datastore``: the retrieval drafter's folder (or file) of text or code."""
+    ``datastore``: the retrieval drafter's folder (or file) of text or code; ``heads``: the
+    medusa drafter's heads file (``verispec train medusa``)."""
     if drafter not in DRAFTERS:
         raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
     if draft_dtype is None and drafter in MODEL_DRAFTERS and dtype in PRECISIONS:
@@ -193,7 +197,24 @@ def build(
         check_precision(value, device)  # before any loading: int4/int8 need this CPU's AMX kernels
     check_rule_fits_drafter(rule, drafter, tree_children)
     shape = None
-    if drafter == "tree":
+    if (drafter == "medusa") != (heads is not None):
+        raise ConfigError(
+            "the medusa drafter needs --heads PATH (verispec train medusa writes it)"
+            if drafter == "medusa"
+            else "--heads feeds the medusa drafter; add --drafter medusa"
+        )
+    if heads is not None and not os.path.isfile(heads):
+        raise ConfigError(f"--heads {str(heads)!r} is not a file; train heads with verispec train medusa")
+    if drafter == "medusa" and tree is not None:  # a static tree of the heads' candidates
+        from verispec.drafters.tree import TreeShape
+
+        shape = TreeShape.parse(tree) if tree != "auto" else None
+        if shape is None or shape.parents is None:
+            raise ConfigError("Medusa trees are static: give --tree as JSON rank paths (e.g. [[0],[1],[0,0]])")
+        if rule in ("block", "typical"):
+            raise ConfigError(f"--rule {rule} verifies chains; a Medusa tree needs --rule rejection")
+        k = shape.depth if k is None else k
+    elif drafter == "tree":
         from verispec.drafters.tree import TreeShape
 
         if tree == "auto":  # the policy plans each step's tree; the drafter's shape only bounds it
@@ -203,8 +224,8 @@ def build(
         else:
             shape = TreeShape.parse(tree) if tree is not None else TreeShape()
             k = shape.depth if k is None else k
-    elif tree is not None:
-        raise ConfigError("--tree shapes the tree drafter; add --drafter tree")
+    elif tree is not None and drafter != "medusa":
+        raise ConfigError("--tree shapes the tree drafter's trees (or the medusa drafter's); add --drafter tree")
     if (drafter == "retrieval") != (datastore is not None):
         raise ConfigError(
             "the retrieval drafter needs --datastore PATH (a folder of text or code)"
@@ -243,6 +264,8 @@ def build(
         tree=shape,
         tree_children=tree_children,
         datastore=load_datastore(files, target_model.tokenizer, progress) if files is not None else None,
+        target_model=target_model.model,
+        heads=load_heads(heads, target_model.model)[0] if heads is not None else None,
     )
     policy: DraftPolicy | None = None
     if d.proposes and k is None:

@@ -36,6 +36,9 @@ CASES = [
         "tree", 2, SamplingParams(temperature=0.9, frequency_penalty=0.4), 4, tree="2,2,2,6", tree_children="distinct"
     ),
     EngineCase("retrieval", 2, SamplingParams(temperature=0.9, top_p=0.9), 4),
+    # Medusa heads on the target's hidden state: a chain, and a static tree of their candidates
+    EngineCase("medusa", 3, SamplingParams(temperature=0.8, min_p=0.05), 5),
+    EngineCase("medusa", 2, SamplingParams(temperature=1.0, top_k=3), 4, tree="[[0],[1],[0,0],[1,0]]"),
     # a static shape (Medusa-style rank paths): top-k and sampled children
     EngineCase("tree", 2, SamplingParams(temperature=1.0, top_k=3), 4, tree="[[0],[1],[0,0],[0,1],[1,0]]"),
     EngineCase(

@@ -58,6 +58,7 @@ def local_pipelines(
     tree_children: str = "fixed",
     rule: str = "rejection",
     datastore: str | None = None,
+    heads: str | None = None,
 ) -> tuple[Pipeline, Pipeline]:
     """The baseline and speculative pipelines of one pair, sharing the loaded target."""
     if drafter == "none" or k == 0:
@@ -65,7 +66,7 @@ def local_pipelines(
     spec = build(
         target, draft, drafter=drafter, k=k, dtype=dtype, draft_dtype=draft_dtype, device=device,
         max_batch=max_batch, max_len=max_len, draft_head=draft_head, tree=tree, tree_children=tree_children,
-        rule=rule, datastore=datastore,
+        rule=rule, datastore=datastore, heads=heads,
     )  # fmt: skip
     return Pipeline(baseline_engine(spec.engine), spec.target, None), spec
 

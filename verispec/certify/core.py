@@ -427,6 +427,19 @@ def toy_datastore(vocab_size: int, documents: int = 16, length: int = 48) -> Any
     return Datastore.build(rng.integers(0, vocab_size, size=(documents, length)).tolist())
 
 
+def toy_heads(hidden_size: int, num_heads: int = 3, seed: int = 4321) -> Any:
+    """Medusa heads for engine certification: fixed random blocks (so that each head proposes
+    something other than the LM head's choice, sometimes right and sometimes wrong)."""
+    from verispec.drafters.heads import MedusaHeads
+
+    heads = MedusaHeads(hidden_size, num_heads)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return heads.eval()
+
+
 def certify_engine_case(
     case: EngineCase,
     *,
@@ -480,6 +493,7 @@ def certify_engine_case(
         case.drafter, draft_model=draft, vocab_size=vocab_size, max_batch=batch, max_len=max_len + 16,
         ngram_min=1, ngram_max=3, draft_head=case.draft_head, tree=shape, tree_children=case.tree_children,
         datastore=toy_datastore(vocab_size) if case.drafter == "retrieval" else None,
+        target_model=target, heads=toy_heads(target.config.hidden_size) if case.drafter == "medusa" else None,
     )  # fmt: skip
     engine = Engine(target, None, drafter, config)
     if broken_rule is not None:

@@ -19,7 +19,7 @@ from typing import NoReturn
 from verispec.errors import ConfigError, VerispecError
 
 # Sub-command modules, in the order `verispec --help` lists them.
-COMMAND_MODULES = ("generate", "serve", "bench", "loadgen", "gate", "analyze", "certify", "models", "doctor")
+COMMAND_MODULES = ("generate", "serve", "bench", "loadgen", "gate", "analyze", "certify", "train", "models", "doctor")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -50,8 +50,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="where draft tokens come from: model (the draft model), ngram (prompt lookup, no draft model), "
         "composite (prompt lookup, else the model), tree (token trees from the draft model, see --tree), "
         "suffix (trees of what followed the current suffix earlier in this and earlier requests; no draft "
-        "model), retrieval (trees of what followed it in --datastore; no draft model), none (plain "
-        "decoding). Default: model",
+        "model), retrieval (trees of what followed it in --datastore; no draft model), medusa (heads on "
+        "the target's hidden state, see --heads; no draft model), none (plain decoding). Default: model",
+    )  # fmt: skip
+    p.add_argument(
+        "--heads", default=None, metavar="PATH",
+        help="with --drafter medusa: the Medusa heads file `verispec train medusa` wrote for this target (a chain "
+        "of the heads' top tokens, or with --tree rank paths a static tree of their candidates)",
     )  # fmt: skip
     p.add_argument(
         "--datastore", default=None, metavar="PATH",

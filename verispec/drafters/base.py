@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
+from torch import Tensor
 
 from verispec.config import SamplingParams
 from verispec.verify.base import Draft
@@ -60,6 +61,10 @@ class Drafter(Protocol):
     #: False only for plain decoding (:class:`~verispec.drafters.plain.PlainDrafter`): the policy
     #: then schedules no draft at all.
     proposes: ClassVar[bool]
+    #: True for drafters that draft from the target's own last hidden state (Medusa heads): the
+    #: engine then hands them, after every step, the hidden state that produced the step's last
+    #: committed token (:class:`TargetHiddenDrafter`).
+    uses_target_hidden: ClassVar[bool]
     # Context tokens the last propose() had to feed before drafting (a prompt, or tokens committed
     # while speculation was off); the policy does not take such a step's time as the draft cost.
     last_catchup_tokens: int
@@ -68,3 +73,13 @@ class Drafter(Protocol):
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft: ...
     def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None: ...
     def end(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
+class TargetHiddenDrafter(Drafter, Protocol):
+    """A drafter that reads the target's hidden states (``uses_target_hidden = True``)."""
+
+    def observe_hidden(self, request_id: str, hidden: Tensor) -> None:
+        """``hidden`` ``[C]``: the target's last hidden state (after its final norm) at the position
+        whose logits gave the request's last committed token, i.e. what predicts the tokens after it."""
+        ...

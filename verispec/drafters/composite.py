@@ -29,6 +29,7 @@ from verispec.verify.base import PAD_ID, Draft
 class CompositeDrafter:
     name: ClassVar[str] = "composite"
     proposes: ClassVar[bool] = True
+    uses_target_hidden: ClassVar[bool] = False
     last_catchup_tokens: int = 0  # the model drafter's, for the rows it drafted (0 when n-grams drafted all)
 
     def __init__(self, ngram: NgramDrafter, model: ModelDrafter) -> None:

@@ -61,6 +61,7 @@ class ModelDrafter:
 
     name: ClassVar[str] = "model"
     proposes: ClassVar[bool] = True
+    uses_target_hidden: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -60,6 +60,7 @@ class NgramDrafter:
 
     name: ClassVar[str] = "ngram"
     proposes: ClassVar[bool] = True
+    uses_target_hidden: ClassVar[bool] = False
     last_catchup_tokens: int = 0  # a lookup has no model state to catch up
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:

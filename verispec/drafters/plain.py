@@ -19,6 +19,7 @@ class PlainDrafter:
 
     name: ClassVar[str] = "none"
     proposes: ClassVar[bool] = False
+    uses_target_hidden: ClassVar[bool] = False
     last_catchup_tokens: int = 0
 
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:

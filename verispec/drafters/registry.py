@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from verispec.drafters.base import Drafter
 from verispec.drafters.composite import CompositeDrafter
+from verispec.drafters.heads import MedusaDrafter, MedusaHeads
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.drafters.plain import PlainDrafter
@@ -30,15 +31,26 @@ def make_drafter(
     tree: TreeShape | None = None,
     tree_children: str = "fixed",
     datastore: Datastore | None = None,
+    target_model: LanguageModel | None = None,
+    heads: MedusaHeads | None = None,
 ) -> Drafter:
     """Build the drafter ``name`` ("none" = plain decoding: a drafter that proposes nothing;
     "tree": the draft model's token trees of shape ``tree`` and children ``tree_children``;
-    "retrieval": trees of continuations found in ``datastore``)."""
+    "retrieval": trees of continuations found in ``datastore``; "medusa": ``heads`` on
+    ``target_model``'s hidden states, a chain or the static tree ``tree``)."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
     free = _model_free(name, ngram_min, ngram_max, datastore)
     if free is not None:
         return free
+    if name == "medusa":
+        if heads is None or target_model is None:
+            raise ConfigError("the medusa drafter needs heads: pass --heads PATH (verispec train medusa writes them)")
+        if tree is not None and tree.parents is None:
+            raise ConfigError("Medusa trees are static: give --tree as JSON rank paths (e.g. [[0],[1],[0,0]])")
+        return MedusaDrafter(
+            target_model, heads, vocab_size=vocab_size, head_size=draft_head, tree=tree.parents if tree else None
+        )
     if draft_model is None:
         raise ConfigError(f"drafter {name!r} needs a draft model; pass --draft (or use --drafter ngram)")
     if name == "tree":

@@ -215,6 +215,7 @@ class RetrievalDrafter:
 
     name: ClassVar[str] = "retrieval"
     proposes: ClassVar[bool] = True
+    uses_target_hidden: ClassVar[bool] = False
     last_catchup_tokens: int = 0  # no model state to catch up
 
     def __init__(

@@ -35,6 +35,7 @@ class SuffixDrafter:
 
     name: ClassVar[str] = "suffix"
     proposes: ClassVar[bool] = True
+    uses_target_hidden: ClassVar[bool] = False
     last_catchup_tokens: int = 0  # no model state to catch up
 
     def __init__(

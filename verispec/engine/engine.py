@@ -28,12 +28,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from verispec.config import EngineConfig, SamplingParams, check_text
-from verispec.drafters.base import BatchView, Drafter
+from verispec.drafters.base import BatchView, Drafter, TargetHiddenDrafter
 from verispec.drafters.plain import PlainDrafter
 from verispec.engine.policy import DraftPolicy, TreeStep, make_policy
 from verispec.engine.recorder import StepRecord, StepRecorder
@@ -41,7 +42,7 @@ from verispec.engine.request import Request, RequestOutput
 from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.formats.tokenizer import Tokenizer
 from verispec.models.protocol import LanguageModel
-from verispec.models.transformer import tree_attention_mask
+from verispec.models.transformer import ForwardOutput, tree_attention_mask
 from verispec.sampling import Laws, TokenHistory, build_laws, cut_vocab, make_generator
 from verispec.verify import Draft, make_rule
 
@@ -195,7 +196,7 @@ class Engine:
         try:
             for req in batch:
                 req.slot = self.cache.add_sequence()
-            last = self._feed_prompts(batch)  # [B, V]
+            last, last_hidden = self._feed_prompts(batch)  # [B, V], [B, C] | None
         except VerispecError as exc:
             return [self._fail(req, exc) for req in batch]
         _, rows, _, failed = self._judge(last.unsqueeze(1), batch, self._empty_draft(len(batch)))
@@ -211,19 +212,23 @@ class Engine:
             try:
                 self.drafter.begin(req.request_id, req.tokens)
                 self.drafter.observe(req.request_id, [token])
+                if last_hidden is not None:  # what predicts the tokens after the first one
+                    cast(TargetHiddenDrafter, self.drafter).observe_hidden(req.request_id, last_hidden[i])
                 outputs.append(self._commit(req, [token]))
             except Exception as exc:  # one request's failure must not take the others down
                 log.exception("request %s failed after prefill", req.request_id)
                 outputs.append(self._fail(req, exc))
         return outputs
 
-    def _feed_prompts(self, batch: list[Request]) -> Tensor:
+    def _feed_prompts(self, batch: list[Request]) -> tuple[Tensor, Tensor | None]:
         """Run every prompt through the target in chunks of ``prefill_chunk`` tokens (ragged rows,
-        right-padded); return the logits ``[B, V]`` after each prompt's last token."""
+        right-padded); return the logits ``[B, V]`` after each prompt's last token, and its hidden
+        states ``[B, C]`` when the drafter reads them (else None)."""
         device = self.target.device
         chunk = self.config.prefill_chunk
         lengths = [r.prompt_len for r in batch]
         last: list[Tensor | None] = [None] * len(batch)
+        last_hidden: list[Tensor | None] = [None] * len(batch)
         for offset in range(0, max(lengths), chunk):
             rows = [i for i, n in enumerate(lengths) if n > offset]
             pieces = [batch[i].tokens[offset : min(offset + chunk, batch[i].prompt_len)] for i in rows]
@@ -234,13 +239,16 @@ class Engine:
             num_new = [len(p) for p in pieces]
             at = torch.tensor([[n - 1] for n in num_new], device=device)
             slots = [batch[i].cache_slot for i in rows]
-            logits = self.target.forward(
-                tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=at
-            )  # [R, 1, V]
+            run = self.target.forward_with_hidden if self.drafter.uses_target_hidden else self.target.forward
+            out = run(tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=at)
+            logits = out.logits if isinstance(out, ForwardOutput) else out  # [R, 1, V]
             for j, i in enumerate(rows):
                 if lengths[i] <= offset + chunk:
                     last[i] = logits[j, 0]
-        return torch.stack([t for t in last if t is not None])
+                    if isinstance(out, ForwardOutput):
+                        last_hidden[i] = out.hidden[j, num_new[j] - 1]  # [C]
+        hidden = [h for h in last_hidden if h is not None]
+        return torch.stack([t for t in last if t is not None]), torch.stack(hidden) if hidden else None
 
     # --------------------------------------------------------------------------------- decode
     def _decode(self, batch: list[Request]) -> list[RequestOutput]:
@@ -252,7 +260,7 @@ class Engine:
         draft = self._propose(batch, ks, self.policy.ceilings(budgets), budgets, shapes)  # 2. the drafter proposes
         self.recorder.drafted()
         counts = draft.num_tokens.tolist()  # host ints: drafters build drafts on the host
-        logits = self._verify_pass(batch, draft, counts)  # 3. one target pass: [B, K + 1, V] fp32
+        logits, hidden = self._verify_pass(batch, draft, counts)  # 3. one target pass: [B, K + 1, V] fp32
         draft = self._on_device(draft, self.target.device)
         accepted, rows, paths, failed = self._judge(logits, batch, draft)  # 4-5. laws, then the rule
         self._keep_accepted(batch, draft, accepted, paths)  # 6. commit: the accepted path's KV stays
@@ -271,6 +279,9 @@ class Engine:
         for i in healthy:
             try:
                 self.drafter.observe(batch[i].request_id, rows[i])
+                if hidden is not None:  # the position whose logits gave the last committed token
+                    at = paths[i][-1] + 1 if draft.is_tree and paths[i] else accepted[i]
+                    cast(TargetHiddenDrafter, self.drafter).observe_hidden(batch[i].request_id, hidden[i, at])
                 outputs.append(self._commit(batch[i], rows[i]))
             except Exception as exc:  # one request's failure must not take the batch down
                 log.exception("request %s failed while committing", batch[i].request_id)
@@ -300,11 +311,12 @@ class Engine:
             log.exception("the drafter failed; this step decodes without a draft")
             return self._empty_draft(len(batch))
 
-    def _verify_pass(self, batch: list[Request], draft: Draft, counts: list[int]) -> Tensor:
+    def _verify_pass(self, batch: list[Request], draft: Draft, counts: list[int]) -> tuple[Tensor, Tensor | None]:
         """ONE target pass over ``[pending token, draft tokens]`` per row (right-padded, each row at
-        its own cache length): logits ``[B, K + 1, V]`` fp32. A tree's nodes see their ancestors
-        only (tree mask) at positions ``length + depth``, so each node's logits are those of its
-        path decoded alone."""
+        its own cache length): logits ``[B, K + 1, V]`` fp32, and the last hidden states
+        ``[B, K + 1, C]`` when the drafter reads them (else None). A tree's nodes see their
+        ancestors only (tree mask) at positions ``length + depth``, so each node's logits are those
+        of its path decoded alone."""
         device = self.target.device
         pending = torch.tensor([[r.pending] for r in batch], dtype=torch.long, device=device)  # [B, 1]
         tokens = torch.cat([pending, draft.token_ids.to(device).clamp_min(0)], dim=1)  # [B, K + 1]
@@ -317,9 +329,13 @@ class Engine:
             lengths = self.cache.lengths.index_select(0, torch.tensor(slots, device=self.cache.lengths.device))
             positions = lengths.to(device).unsqueeze(1) + mask.sum(dim=2) - 1  # [B, K + 1]: length + depth
             extra = {"attn_mask": mask}
-        return self.target.forward(
-            tokens, positions, self.cache, num_new=[1 + n for n in counts], slots=slots, **extra
-        )  # fmt: skip
+        if self.drafter.uses_target_hidden:
+            out = self.target.forward_with_hidden(
+                tokens, positions, self.cache, num_new=[1 + n for n in counts], slots=slots, **extra
+            )  # fmt: skip
+            return out.logits, out.hidden
+        num_new = [1 + n for n in counts]
+        return self.target.forward(tokens, positions, self.cache, num_new=num_new, slots=slots, **extra), None
 
     def _keep_accepted(self, batch: list[Request], draft: Draft, accepted: list[int], paths: list[list[int]]) -> None:
         """Roll the target's cache back to the committed tokens: a chain keeps the first 1 +

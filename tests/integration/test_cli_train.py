@@ -1,0 +1,97 @@
+"""``verispec train data`` / ``train medusa`` and ``generate --drafter medusa`` end to end on tiny
+GGUF models written in the test (no downloads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.unit.tiny_gguf import TinySpec, write_tiny
+from verispec.cli import main
+
+
+def run(*argv: str) -> int:
+    try:
+        return main(list(argv))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("train")
+    target, other = root / "target.gguf", root / "other.gguf"
+    write_tiny(target, TinySpec(seed=1))
+    write_tiny(other, TinySpec(seed=5))
+    prompts = root / "prompts.txt"
+    prompts.write_text("\n".join(f"hello {i} world {i * 7}" for i in range(12)) + "\n")
+    data, heads = root / "data", root / "heads.safetensors"
+    common = ["--target", str(target), "--dtype", "fp32"]
+    assert run("train", "data", *common, "--drafter", "none", "--prompts", str(prompts), "--num-prompts", "12",
+               "--max-tokens", "12", "--out", str(data)) == 0  # fmt: skip
+    assert run("train", "medusa", *common, "--data", str(data), "--heads", "2", "--head-size", "200", "--epochs", "2",
+               "--batch", "16", "--out", str(heads)) == 0  # fmt: skip
+    return {"target": target, "other": other, "data": data, "heads": heads, "prompts": prompts}
+
+
+def test_train_writes_data_and_heads(trained: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = json.loads((trained["data"] / "manifest.json").read_text())
+    assert len(manifest["sequences"]) == 12 and manifest["sampling"]["temperature"] == 0.0
+    assert any(p.suffix == ".safetensors" for p in trained["data"].iterdir())
+    assert trained["heads"].is_file()
+
+
+def test_generate_with_medusa_heads_equals_plain(trained: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    base = [
+        "generate",
+        "hello 3 world",
+        "--target",
+        str(trained["target"]),
+        "--dtype",
+        "fp32",
+        "--max-tokens",
+        "16",
+        "--json",
+    ]
+    assert run(*base, "--drafter", "medusa", "--heads", str(trained["heads"]), "--k", "2") == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert run(*base, "--drafter", "none") == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == spec["token_ids"]
+    assert spec["spec"]["num_drafts"] > 0
+    tree = ["--drafter", "medusa", "--heads", str(trained["heads"]), "--tree", "[[0],[1],[0,0]]"]
+    assert run(*base, *tree) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == spec["token_ids"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["generate", "hi", "--drafter", "medusa"], "needs --heads"),
+        (["generate", "hi", "--heads", "x.safetensors"], "add --drafter medusa"),
+        (["generate", "hi", "--drafter", "medusa", "--heads", "/no/such/heads"], "is not a file"),
+        (["generate", "hi", "--drafter", "medusa", "--heads", "HEADS", "--tree", "4,2,2"], "static"),
+        (["generate", "hi", "--drafter", "medusa", "--heads", "HEADS", "--rule", "specinfer"], "verifies sampled"),
+        (["train", "medusa", "--data", "/no/such/folder", "--out", "h"], "not a folder"),
+        (["train", "medusa", "--data", "DATA", "--heads", "0", "--out", "h"], "--heads"),
+        (["train", "data", "--prompts", "nope", "--out", "d"], "neither a prompt set"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    trained: dict[str, Path], args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [str(trained["heads"]) if a == "HEADS" else str(trained["data"]) if a == "DATA" else a for a in args]
+    target = ["--target", str(trained["target"]), "--dtype", "fp32"]
+    assert run(*args, *target) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_heads_of_another_target_are_refused(trained: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["generate", "hi", "--target", str(trained["other"]), "--dtype", "fp32", "--drafter", "medusa"]
+    assert run(*args, "--heads", str(trained["heads"])) == 2
+    assert "trained for" in capsys.readouterr().err
+    train = ["train", "medusa", "--target", str(trained["other"]), "--dtype", "fp32", "--data", str(trained["data"])]
+    assert run(*train, "--out", str(trained["data"].parent / "h2.safetensors")) == 2
+    assert "was made with" in capsys.readouterr().err

@@ -1,0 +1,191 @@
+"""``verispec train``: train drafters on this machine (see DESCRIPTION below).
+
+``train data`` makes self-distillation data (:mod:`verispec.train.data`); ``train medusa`` trains
+Medusa heads on it (:mod:`verispec.train.medusa`). Both show progress and resume an interrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from verispec.cli.options import draft_length
+from verispec.errors import ConfigError
+from verispec.names import PRECISIONS
+
+DESCRIPTION = """\
+Train a drafter for a target model on this machine, from the target's own generations
+(self-distillation: Medusa-2, EAGLE). Two steps:
+
+  verispec train data   --prompts humaneval,chat --num-prompts 200 --out data/     (generate, record hidden states)
+  verispec train medusa --data data/ --out heads.safetensors                     (train heads on them)
+  verispec generate "def f(x):" --drafter medusa --heads heads.safetensors         (use them)
+
+Times measured on a 2-core AMD EPYC (Zen 5) for the default 1.5B target in int4: data about
+4-5 s per prompt of 256 tokens (generation with speculation, then one teacher-forced pass);
+Medusa training about 0.1 s per step of 256 positions with 4 heads scoring 32768 ids.
+About one prompt in ten (by a hash of its text) is held out: the figures printed after each
+epoch (each head's top-1 accuracy, the accepted length a greedy chain of the heads reaches) are
+measured on prompts the heads never saw."""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train drafters on this machine: self-distillation data, Medusa heads",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(title="steps", metavar="STEP", parser_class=type(p))
+    data = sub.add_parser(
+        "data",
+        help="generate the target's answers to prompts and record its hidden states (resumable)",
+        description="Generate the target's answers to the prompts (speculative decoding, the target's law either "
+        "way) and record its last hidden state at every answer position, in shards (resumable).",
+    )
+    from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    data.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    data.add_argument(
+        "--draft", default=DEFAULT_DRAFT, help=f"draft model that speeds generation (default {DEFAULT_DRAFT})"
+    )
+    data.add_argument(
+        "--drafter", default="model", choices=["model", "ngram", "none"], help="drafter for generation (default model)"
+    )
+    data.add_argument("--k", type=draft_length, default=None, metavar="auto|N", help="draft length (default auto)")
+    data.add_argument("--dtype", default=None, choices=PRECISIONS, help="target precision (default: this machine's)")
+    data.add_argument("--prompts", default="humaneval,chat", help="prompt sets and/or files of one prompt per line")
+    data.add_argument(
+        "--num-prompts", type=int, default=200, help="prompts per set or file, from the start (default 200)"
+    )
+    data.add_argument("--max-tokens", type=int, default=256, help="answer tokens at most (default 256)")
+    data.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    data.add_argument("--seed", type=int, default=0, help="seed of the first prompt (prompt i: seed + i; default 0)")
+    data.add_argument("--no-chat-template", action="store_true", help="send instruction sets without the chat template")
+    data.add_argument("--out", required=True, help="folder of the data (resumed when it holds part of this run)")
+    data.set_defaults(run=run_data)
+
+    medusa = sub.add_parser(
+        "medusa",
+        help="train Medusa heads on self-distillation data (resumable)",
+        description="Train K Medusa heads (residual blocks over the target's hidden state, its LM head frozen) "
+        "on a data folder; report held-out accuracy after each epoch; save atomically (resumable).",
+    )
+    medusa.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    medusa.add_argument("--dtype", default=None, choices=PRECISIONS, help="target precision (default: this machine's)")
+    medusa.add_argument("--data", required=True, help="folder written by verispec train data")
+    medusa.add_argument("--heads", type=int, default=4, help="number of heads, 1..16 (default 4)")
+    medusa.add_argument(
+        "--head-size", type=int, default=32768, help="vocabulary ids the heads score, the first N (default 32768)"
+    )
+    medusa.add_argument("--epochs", type=int, default=2, help="passes over the data (default 2)")
+    medusa.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate, cosine decay (default 0.001)")
+    medusa.add_argument("--batch", type=int, default=256, help="answer positions per step (default 256)")
+    medusa.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    medusa.add_argument(
+        "--out", required=True, help="heads file to write (resumed when it and its optimiser state exist)"
+    )
+    medusa.set_defaults(run=run_medusa)
+    p.set_defaults(run=lambda args: (p.print_help(), 2)[1])
+
+
+def _prompts(spec: str, limit: int) -> list[tuple[str, bool]]:
+    """``(text, instruction)`` per prompt: the built-in sets (HumanEval is code to complete; the
+    others are instructions), or files of one instruction per line."""
+    from verispec.bench.prompts import SET_NAMES, prompt_set
+
+    out: list[tuple[str, bool]] = []
+    for part in [s for s in spec.split(",") if s]:
+        if part in SET_NAMES:
+            out += [(text, part != "humaneval") for text in prompt_set(part)[:limit]]
+            continue
+        path = Path(part)
+        if not path.is_file():
+            raise ConfigError(f"--prompts {part!r} is neither a prompt set ({', '.join(SET_NAMES)}) nor a file")
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        out += [(line, True) for line in lines[:limit]]
+    if not out:
+        raise ConfigError("--prompts gave no prompt")
+    return out
+
+
+def run_data(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from verispec.config import SamplingParams
+    from verispec.pipeline import build, chat_prompt
+    from verispec.train.data import describe, make_data
+
+    if args.num_prompts < 1 or args.max_tokens < 1:
+        raise ConfigError("--num-prompts and --max-tokens must be >= 1")
+    prompts = _prompts(args.prompts, args.num_prompts)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    err = Console(stderr=True)
+    with err.status("loading models", spinner="dots"):
+        pipe = build(
+            args.target, args.draft if args.drafter != "none" else None, drafter=args.drafter, k=args.k,
+            dtype=args.dtype or _machine_dtype(args.target), max_batch=1, max_len=4096,
+        )  # fmt: skip
+    tok = pipe.target.tokenizer
+    chat = not args.no_chat_template and tok.chat_template is not None
+    ids = [tok.encode(chat_prompt(pipe.target, t) if chat and instruction else t) for t, instruction in prompts]
+    texts = [t for t, _ in prompts]
+    with Progress(
+        TextColumn("generating and recording"), BarColumn(), TextColumn("{task.completed}/{task.total} prompts"),
+        TimeRemainingColumn(), console=err,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("data", total=len(ids))
+        make_data(
+            pipe.engine, pipe.target.model, pipe.target.name, ids, texts, Path(args.out), params,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )  # fmt: skip
+    print(f"{args.out}: {describe(Path(args.out))}")
+    return 0
+
+
+def run_medusa(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from verispec.formats.loader import load_model
+    from verispec.pipeline import check_device
+    from verispec.train.medusa import MedusaConfig, train_medusa
+
+    config = MedusaConfig(args.heads, args.head_size, args.epochs, args.lr, args.batch)
+    device = check_device(args.device)
+    if not Path(args.data).is_dir():
+        raise ConfigError(f"--data {args.data!r} is not a folder; make it with verispec train data")
+    err = Console(stderr=True)
+    with err.status("loading the target", spinner="dots"):
+        target = load_model(args.target, dtype=args.dtype or _machine_dtype(args.target), device="cpu")
+    with Progress(
+        TextColumn("training Medusa heads"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+        TextColumn("{task.fields[note]}"), TimeRemainingColumn(), console=err,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("train", total=1, note="")
+
+        def progress(stage: str, done: int, total: int, figures: dict[str, float]) -> None:
+            if stage == "train":
+                bar.update(task, completed=done, total=total, note=f"loss {figures['loss']:.3f}")
+            else:
+                bar.console.print(f"epoch {done}/{total}: held-out chain AL {figures['chain_al']:.2f}")
+
+        manifest = train_medusa(Path(args.data), target.model, Path(args.out), config, device=device, progress=progress)
+    held = manifest.info.get("heldout", {})
+    accuracy = ", ".join(f"{a:.3f}" for a in held.get("accuracy", []))
+    print(
+        f"{args.out}: {manifest.num_heads} heads for {manifest.target}, {manifest.info['steps']} steps in "
+        f"{manifest.info['seconds']:.0f} s; held-out top-1 accuracy per head {accuracy or '-'}, "
+        f"greedy chain AL {held.get('chain_al', float('nan')):.2f} over {held.get('positions', 0)} positions",
+        file=sys.stdout,
+    )
+    return 0
+
+
+def _machine_dtype(target: str) -> Any:
+    from verispec.pipeline import machine_defaults
+
+    return machine_defaults(target, None, "cpu").dtype

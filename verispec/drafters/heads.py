@@ -1,0 +1,281 @@
+"""Medusa heads: draft tokens from the target's own last hidden state (Cai et al. 2024, "Medusa:
+Simple LLM Inference Acceleration Framework with Multiple Decoding Heads", ICML 2024).
+
+Head ``k`` (``k = 1 .. K``) is one residual block over the target's last hidden state ``h`` (after
+its final norm) at the position that produced the last committed token, followed by the target's
+own, frozen LM head: ``logits_k = LMHead(h + SiLU(W_k h + b_k))`` predicts the token ``k`` places
+after that committed one. The blocks start at zero (each head then predicts what the LM head
+does) and are trained by ``verispec train medusa`` (:mod:`verispec.train.medusa`) on the
+target's own generations. Drafting costs no second model and no second pass: the verification
+pass that commits tokens also yields the hidden state that drafts the next step
+(:class:`~verispec.drafters.base.TargetHiddenDrafter`), and the K heads share one pass of the
+LM head over K rows.
+
+A chain takes every head's likeliest token; a tree takes, at depth ``d``, head ``d``'s candidates
+in rank order as a static shape says (Medusa's "choices": rank paths,
+:class:`~verispec.drafters.tree.TreeShape`). Either way the candidates are deterministic, so the
+draft is point masses (``"fixed"`` children): verified by the rejection rule's point-mass case or
+recursive point-mass acceptance, lossless at every temperature.
+
+Files: the heads' weights in safetensors (``blocks.{k}.weight`` ``[C, C]``, ``blocks.{k}.bias``
+``[C]``), with a manifest in the file's metadata naming the target and a fingerprint of its
+weights, so heads never load on a model they were not trained for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from verispec.drafters.base import BatchView
+from verispec.errors import ConfigError, InputError, ModelLoadError
+from verispec.models.protocol import LanguageModel
+from verispec.verify.base import PAD_ID, Draft
+
+#: The manifest format of a heads file.
+FORMAT = "verispec-medusa/1"
+#: The largest heads file read (a 7B's 5 heads of 4096 x 4096 fp32 are ~340 MB).
+MAX_HEADS_BYTES = 4 << 30
+
+
+def target_fingerprint(model: LanguageModel) -> str:
+    """What heads are tied to: the target's shape and a sample of its token embedding (dense in
+    every precision, so heads trained on one precision of a model load on its others)."""
+    c = model.config
+    parts = [c.architecture, c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size, c.num_heads]
+    digest = hashlib.sha256("|".join(map(str, parts)).encode())
+    weight = _embedding(model)
+    if weight is not None:
+        digest.update(
+            weight[:: max(1, weight.shape[0] // 64)].to(torch.bfloat16).float().contiguous().numpy().tobytes()
+        )
+    return digest.hexdigest()[:32]
+
+
+def _embedding(model: LanguageModel) -> Tensor | None:
+    inner = getattr(model, "model", None)
+    table = getattr(getattr(inner, "embed_tokens", None), "weight", None)
+    return table.detach() if isinstance(table, Tensor) else None
+
+
+class MedusaHeads(nn.Module):
+    """K residual blocks over a hidden state: ``[..., C] -> [K, ..., C]`` (the LM head is the
+    target's, applied by the caller)."""
+
+    def __init__(self, hidden_size: int, num_heads: int) -> None:
+        super().__init__()
+        if hidden_size < 1 or not 1 <= num_heads <= 16:
+            raise ConfigError(f"Medusa heads need a hidden size >= 1 and 1..16 heads, got {hidden_size}, {num_heads}")
+        blocks = [nn.Linear(hidden_size, hidden_size) for _ in range(num_heads)]
+        for block in blocks:  # each head starts as the LM head itself (Medusa's initialisation)
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+        self.blocks = nn.ModuleList(blocks)
+        self.hidden_size = hidden_size
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, h: Tensor) -> Tensor:  # [..., C] -> [K, ..., C]
+        dtype = next(self.parameters()).dtype
+        x = h.to(dtype)
+        return torch.stack([x + F.silu(block(x)) for block in self.blocks])
+
+
+@dataclass(frozen=True)
+class HeadsManifest:
+    """What a heads file says about itself."""
+
+    num_heads: int
+    hidden_size: int
+    target: str  # the target's name when trained
+    fingerprint: str  # :func:`target_fingerprint` of that target
+    head_size: int  # vocabulary ids the heads were trained to score (the first N)
+    info: dict[str, Any]  # training figures (steps, loss, accuracy per head, data), for `models list`
+
+    def to_metadata(self) -> dict[str, str]:
+        return {"format": FORMAT, "manifest": json.dumps(self.__dict__)}
+
+
+def save_heads(heads: MedusaHeads, manifest: HeadsManifest, path: str | os.PathLike[str]) -> None:
+    """Write ``heads`` and ``manifest`` to ``path`` atomically (safetensors)."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from verispec.formats.files import atomic_path
+
+    tensors = {k: v.detach().float().contiguous() for k, v in heads.state_dict().items()}
+    with atomic_path(Path(path)) as tmp:
+        save_file(tensors, str(tmp), metadata=manifest.to_metadata())
+
+
+def load_heads(path: str | os.PathLike[str], target: LanguageModel | None = None) -> tuple[MedusaHeads, HeadsManifest]:
+    """Heads and their manifest from ``path``; with ``target``, refuse heads trained for another model."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_HEADS_BYTES:
+            raise ModelLoadError(f"{str(path)!r} is {size} bytes, more than any heads file; is it the right file?")
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT:
+                raise ModelLoadError(
+                    f"{str(path)!r} is not a verispec Medusa heads file (train one with verispec train medusa)"
+                )
+            fields = json.loads(meta["manifest"])
+            manifest = HeadsManifest(**fields)
+            heads = MedusaHeads(int(manifest.hidden_size), int(manifest.num_heads))
+            state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"cannot read Medusa heads from {str(path)!r}: {exc}") from exc
+    try:
+        heads.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{str(path)!r} does not hold the heads its manifest describes: {exc}") from exc
+    if target is not None and manifest.fingerprint != target_fingerprint(target):
+        raise ConfigError(
+            f"the heads in {str(path)!r} were trained for {manifest.target!r}, not this target; "
+            "train heads for it with verispec train medusa"
+        )
+    return heads.eval(), manifest
+
+
+class MedusaDrafter:
+    """Chains or static trees of the Medusa heads' candidates (see the module docstring)."""
+
+    name: ClassVar[str] = "medusa"
+    proposes: ClassVar[bool] = True
+    uses_target_hidden: ClassVar[bool] = True
+    last_catchup_tokens: int = 0  # no state to catch up: the hidden state comes with each step
+
+    def __init__(
+        self,
+        target: LanguageModel,
+        heads: MedusaHeads,
+        *,
+        vocab_size: int,
+        head_size: int | None = None,
+        tree: Sequence[int] | None = None,
+    ) -> None:
+        if heads.hidden_size != target.config.hidden_size:
+            raise ConfigError(
+                f"Medusa heads of hidden size {heads.hidden_size} do not fit a target of "
+                f"hidden size {target.config.hidden_size}"
+            )
+        self.heads = heads.to(target.device)
+        self.vocab_size = vocab_size
+        limit = min(vocab_size, target.config.vocab_size)
+        size = limit if head_size is None else max(1, min(head_size, limit))
+        self.ids = torch.arange(size, device=target.device)  # [H]: the ids the heads score
+        self._head = _restricted_head(target, self.ids)
+        self._head_dtype = target.dtype  # what the LM head takes
+        self._tree: list[tuple[int, int]] | None = None  # static tree: (parent, rank) per node
+        if tree is not None:
+            from verispec.analysis import tree_paths
+
+            self._tree = [(p, path[-1]) for p, path in zip(tree, tree_paths(tree), strict=True)]
+        self.depth = heads.num_heads
+        self._hidden: dict[str, Tensor | None] = {}
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        if request_id in self._hidden:
+            raise InputError(f"request {request_id!r} is already running; request ids must be unique")
+        self._hidden[request_id] = None
+
+    def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
+        self._get(request_id)  # the hidden state comes through observe_hidden
+
+    def observe_hidden(self, request_id: str, hidden: Tensor) -> None:
+        self._get(request_id)
+        self._hidden[request_id] = hidden
+
+    def end(self, request_id: str) -> None:
+        self._hidden.pop(request_id, None)
+
+    def _get(self, request_id: str) -> Tensor | None:
+        try:
+            return self._hidden[request_id]
+        except KeyError:
+            raise InputError(f"unknown request {request_id!r}: call begin() first") from None
+
+    # ------------------------------------------------------------------------------- drafting
+    @torch.inference_mode()
+    def candidates(self, hidden: Tensor, width: int) -> Tensor:
+        """``hidden`` ``[R, C]`` -> each head's ``width`` likeliest token ids ``[R, K, width]``
+        (ids within the scored head; ties to the lower id, as ``topk`` breaks them)."""
+        states = self.heads(hidden)  # [K, R, C]
+        scores = self._head(states.to(self._head_dtype)).float()  # [K, R, H]
+        return self.ids[scores.topk(min(width, scores.shape[-1]), dim=-1).indices].transpose(0, 1)  # [R, K, W]
+
+    def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
+        n = len(batch)
+        rows = [b for b in range(n) if max_tokens[b] > 0 and self._get(batch.request_ids[b]) is not None]
+        trees: list[tuple[list[int], list[int]]] = [([], []) for _ in range(n)]
+        if rows:
+            width = 1 if self._tree is None else 1 + max(rank for _, rank in self._tree)
+            hidden = torch.stack([self._hidden[batch.request_ids[b]] for b in rows])  # type: ignore[misc]
+            cands = self.candidates(hidden, width).tolist()  # host: the draft is built on the host
+            for j, b in enumerate(rows):
+                room = batch.room[b] if batch.room is not None else max_tokens[b]
+                depth = min(self.depth, max_tokens[b])
+                trees[b] = self._draft(cands[j], depth, room)
+        k = max((len(t) for t, _ in trees), default=0)
+        ids = torch.full((n, k), PAD_ID, dtype=torch.long)
+        parents = torch.full((n, k), PAD_ID, dtype=torch.long)
+        for b, (toks, pars) in enumerate(trees):
+            if toks:
+                ids[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+                parents[b, : len(pars)] = torch.tensor(pars, dtype=torch.long)
+        num = torch.tensor([len(t) for t, _ in trees], dtype=torch.long)
+        if self._tree is None:
+            return Draft(ids, num, None)
+        return Draft(ids, num, None, parents, "fixed")
+
+    def _draft(self, cands: list[list[int]], depth: int, room: int) -> tuple[list[int], list[int]]:
+        """One row's chain (top-1 of heads 1..depth) or static tree, within ``room`` nodes."""
+        if self._tree is None:
+            chain = [cands[d][0] for d in range(min(depth, room))]
+            return chain, list(range(-1, len(chain) - 1))
+        tokens: list[int] = []
+        parents: list[int] = []
+        index: dict[int, int] = {}  # static node -> draft node
+        levels: dict[int, int] = {}
+        for node, (parent, rank) in enumerate(self._tree):
+            level = 1 if parent < 0 else levels.get(parent, depth + 1) + 1
+            levels[node] = level
+            if level > depth or len(tokens) >= room or (parent >= 0 and parent not in index):
+                continue
+            index[node] = len(tokens)
+            tokens.append(cands[level - 1][rank])
+            parents.append(index[parent] if parent >= 0 else -1)
+        return tokens, parents
+
+
+def _restricted_head(target: LanguageModel, ids: Tensor) -> nn.Module:
+    """The target's LM head scoring only ``ids``: its kernel rows (bit for bit the full head's
+    scores for them) where the target runs on verispec's kernels, else its weight rows."""
+    head = target.lm_head
+    if head is not None and target.cpu_kernels:
+        from verispec.kernels.linear import select_rows
+
+        module = select_rows(head, ids)
+        if module is not None:
+            return module
+    weight = target.lm_weight
+    if weight is None:
+        raise ConfigError(f"{type(target).__name__} does not expose its LM head; Medusa heads need it")
+    linear = nn.Linear(weight.shape[1], ids.numel(), bias=False, device=weight.device, dtype=weight.dtype)
+    linear.weight.data = weight.index_select(0, ids).detach().clone()
+    return linear.requires_grad_(False)
