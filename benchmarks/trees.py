@@ -14,6 +14,9 @@ own engine and caches:
     ngram:K          prompt lookup (no model), chains of K
     suffix:K         the suffix drafter (no model), K a chain length for the policy
     retrieval:PATH   the retrieval drafter over a datastore of the files at PATH (no model)
+    medusa:HEADS     Medusa heads (verispec train medusa): a chain of every head's top token
+    medusa-tree:HEADS  the same heads, a static tree of their candidates (MEDUSA_TREE)
+    medusa-auto:HEADS  the same heads, a tree planned per step (--tree auto)
 
 Reported per configuration: median tokens/s end to end, the mean accepted length per step
 (accepted draft tokens + 1), nodes verified per step, the speedup over plain decoding of the same
@@ -39,6 +42,7 @@ import torch
 from verispec.bench.prompts import prompt_set
 from verispec.cli.doctor import cpu_model
 from verispec.config import EngineConfig, SamplingParams, SpecConfig
+from verispec.drafters.heads import load_heads
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.retrieval import text_files
 from verispec.drafters.tree import TreeShape
@@ -49,6 +53,7 @@ from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.formats.registry import verispec_home
 from verispec.metrics import SpecStats
 from verispec.pipeline import AUTO_TREE_DEPTH, AUTO_TREE_NODES, build, chat_prompt, load_datastore, machine_defaults
+from verispec.train.data import held_out
 
 
 def parse_configs(text: str) -> list[tuple[str, str]]:
@@ -65,6 +70,10 @@ def parse_configs(text: str) -> list[tuple[str, str]]:
     return out
 
 
+#: The static tree of ``medusa-tree``: ranks of heads 1..4's candidates (14 nodes).
+MEDUSA_TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[2,0],[0,0,0],[0,0,1],[0,1,0],[1,0,0],[0,0,0,0],[0,0,0,1],[0,0,1,0]]"
+
+
 def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engine:
     target, draft = pipe.target, pipe.draft
     common = dict(
@@ -76,7 +85,18 @@ def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engin
         draft_head=draft_head,
         keep_ids=tuple(target.tokenizer.eos_token_ids),
     )
-    if kind in ("ngram", "suffix", "retrieval"):
+    if kind in ("medusa", "medusa-tree", "medusa-auto"):
+        heads, _ = load_heads(arg, target.model)
+        tree = TreeShape.parse(MEDUSA_TREE) if kind == "medusa-tree" else None
+        drafter = make_drafter("medusa", vocab_size=target.logits_width, target_model=target.model, heads=heads,
+                               draft_head=draft_head, tree=tree)  # fmt: skip
+        k = tree.depth if tree is not None else heads.num_heads
+        if kind == "medusa-auto":  # trees planned per step (--tree auto)
+            config = EngineConfig(max_batch=1, max_len=4000, max_draft_tokens=AUTO_TREE_NODES)
+            policy = TreePolicy(AUTO_TREE_NODES, heads.num_heads, costs=measured_costs(target))
+            return Engine(target.model, target.tokenizer, drafter, config, vocab_limit=target.vocab_size, policy=policy)
+        config = EngineConfig(max_batch=1, max_len=4000, num_draft_tokens=k, max_draft_tokens=16)
+    elif kind in ("ngram", "suffix", "retrieval"):
         datastore = load_datastore(text_files(arg), target.tokenizer) if kind == "retrieval" else None
         drafter = make_drafter(kind, vocab_size=target.logits_width, datastore=datastore)
         config = EngineConfig(
@@ -142,6 +162,9 @@ def main() -> None:
     ap.add_argument("--draft-dtype", default=None)
     ap.add_argument("--draft-vocab", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--heldout", action="store_true", help="only the prompts verispec train data holds out (for trained drafters)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     picked = machine_defaults(DEFAULT_TARGET, DEFAULT_DRAFT, "cpu")
@@ -158,7 +181,7 @@ def main() -> None:
           f"T={args.temperature:g}, {args.tokens} tokens")  # fmt: skip
     results: dict[str, dict[str, list[Any]]] = {}
     for set_name in args.sets.split(","):
-        texts = prompt_set(set_name)[: args.prompts]
+        texts = [t for t in prompt_set(set_name) if held_out(t) or not args.heldout][: args.prompts]
         per: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
         for i, text in enumerate(texts):
             instruction = set_name in ("chat", "summarize", "edit") and pipe.target.tokenizer.chat_template

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.config import EngineConfig, SamplingParams, SpecConfig
-from verispec.drafters.heads import load_heads
+from verispec.drafters.heads import MedusaDrafter, load_heads
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.retrieval import Datastore, DatastoreFiles, text_files
 from verispec.engine.engine import Engine
@@ -205,15 +205,22 @@ def build(
         )
     if heads is not None and not os.path.isfile(heads):
         raise ConfigError(f"--heads {str(heads)!r} is not a file; train heads with verispec train medusa")
-    if drafter == "medusa" and tree is not None:  # a static tree of the heads' candidates
+    if drafter == "medusa" and tree is not None:  # a static tree of the heads' candidates, or one per step
         from verispec.drafters.tree import TreeShape
 
-        shape = TreeShape.parse(tree) if tree != "auto" else None
-        if shape is None or shape.parents is None:
-            raise ConfigError("Medusa trees are static: give --tree as JSON rank paths (e.g. [[0],[1],[0,0]])")
         if rule in ("block", "typical"):
             raise ConfigError(f"--rule {rule} verifies chains; a Medusa tree needs --rule rejection")
-        k = shape.depth if k is None else k
+        if tree == "auto":
+            if k is not None:
+                raise ConfigError("--tree auto chooses each step's tree from measured acceptance and costs; drop --k")
+            shape = TreeShape(AUTO_TREE_DEPTH, 2, 2, AUTO_TREE_NODES)
+        else:
+            shape = TreeShape.parse(tree)
+            if shape.parents is None:
+                raise ConfigError(
+                    "Medusa trees are static: give --tree as JSON rank paths (e.g. [[0],[1],[0,0]]) or auto"
+                )
+            k = shape.depth if k is None else k
     elif drafter == "tree":
         from verispec.drafters.tree import TreeShape
 
@@ -278,7 +285,8 @@ def build(
             progress=progress,
         )  # fmt: skip
         if tree == "auto" and shape is not None:
-            policy = TreePolicy(shape.max_nodes, shape.depth, costs=costs)
+            depth = min(shape.depth, d.depth) if isinstance(d, MedusaDrafter) else shape.depth  # (a head per level)
+            policy = TreePolicy(shape.max_nodes, depth, costs=costs)
         else:
             policy = make_policy(config, speculative=True, costs=costs)
     engine = Engine(target_model.model, target_model.tokenizer, d, config, vocab_limit=vocab, policy=policy)

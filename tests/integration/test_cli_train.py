@@ -43,7 +43,10 @@ def test_train_writes_data_and_heads(trained: dict[str, Path], capsys: pytest.Ca
     assert trained["heads"].is_file()
 
 
-def test_generate_with_medusa_heads_equals_plain(trained: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_with_medusa_heads_equals_plain(
+    trained: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))  # (--tree auto measures the target's pass costs)
     base = [
         "generate",
         "hello 3 world",
@@ -60,9 +63,9 @@ def test_generate_with_medusa_heads_equals_plain(trained: dict[str, Path], capsy
     assert run(*base, "--drafter", "none") == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == spec["token_ids"]
     assert spec["spec"]["num_drafts"] > 0
-    tree = ["--drafter", "medusa", "--heads", str(trained["heads"]), "--tree", "[[0],[1],[0,0]]"]
-    assert run(*base, *tree) == 0
-    assert json.loads(capsys.readouterr().out)["token_ids"] == spec["token_ids"]
+    for shape in ("[[0],[1],[0,0]]", "auto"):
+        assert run(*base, "--drafter", "medusa", "--heads", str(trained["heads"]), "--tree", shape) == 0
+        assert json.loads(capsys.readouterr().out)["token_ids"] == spec["token_ids"]
 
 
 @pytest.mark.parametrize(

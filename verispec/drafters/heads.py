@@ -180,11 +180,7 @@ class MedusaDrafter:
         self.ids = torch.arange(size, device=target.device)  # [H]: the ids the heads score
         self._head = _restricted_head(target, self.ids)
         self._head_dtype = target.dtype  # what the LM head takes
-        self._tree: list[tuple[int, int]] | None = None  # static tree: (parent, rank) per node
-        if tree is not None:
-            from verispec.analysis import tree_paths
-
-            self._tree = [(p, path[-1]) for p, path in zip(tree, tree_paths(tree), strict=True)]
+        self._tree = _ranked(tree) if tree is not None else None  # static tree: (parent, rank) per node
         self.depth = heads.num_heads
         self._hidden: dict[str, Tensor | None] = {}
 
@@ -223,14 +219,17 @@ class MedusaDrafter:
         n = len(batch)
         rows = [b for b in range(n) if max_tokens[b] > 0 and self._get(batch.request_ids[b]) is not None]
         trees: list[tuple[list[int], list[int]]] = [([], []) for _ in range(n)]
+        # each row's static tree: the policy's plan for it (--tree auto), else the drafter's own (None: a chain)
+        planned = batch.shapes or [None] * n
+        plans = {b: _ranked(plan) if (plan := planned[b]) else self._tree for b in rows}
         if rows:
-            width = 1 if self._tree is None else 1 + max(rank for _, rank in self._tree)
+            width = 1 + max((rank for plan in plans.values() if plan for _, rank in plan), default=0)
             hidden = torch.stack([self._hidden[batch.request_ids[b]] for b in rows])  # type: ignore[misc]
             cands = self.candidates(hidden, width).tolist()  # host: the draft is built on the host
             for j, b in enumerate(rows):
                 room = batch.room[b] if batch.room is not None else max_tokens[b]
                 depth = min(self.depth, max_tokens[b])
-                trees[b] = self._draft(cands[j], depth, room)
+                trees[b] = self._draft(cands[j], depth, room, plans[b])
         k = max((len(t) for t, _ in trees), default=0)
         ids = torch.full((n, k), PAD_ID, dtype=torch.long)
         parents = torch.full((n, k), PAD_ID, dtype=torch.long)
@@ -239,20 +238,22 @@ class MedusaDrafter:
                 ids[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
                 parents[b, : len(pars)] = torch.tensor(pars, dtype=torch.long)
         num = torch.tensor([len(t) for t, _ in trees], dtype=torch.long)
-        if self._tree is None:
+        if all(plans[b] is None for b in rows):
             return Draft(ids, num, None)
         return Draft(ids, num, None, parents, "fixed")
 
-    def _draft(self, cands: list[list[int]], depth: int, room: int) -> tuple[list[int], list[int]]:
+    def _draft(
+        self, cands: list[list[int]], depth: int, room: int, tree: list[tuple[int, int]] | None
+    ) -> tuple[list[int], list[int]]:
         """One row's chain (top-1 of heads 1..depth) or static tree, within ``room`` nodes."""
-        if self._tree is None:
+        if tree is None:
             chain = [cands[d][0] for d in range(min(depth, room))]
             return chain, list(range(-1, len(chain) - 1))
         tokens: list[int] = []
         parents: list[int] = []
         index: dict[int, int] = {}  # static node -> draft node
         levels: dict[int, int] = {}
-        for node, (parent, rank) in enumerate(self._tree):
+        for node, (parent, rank) in enumerate(tree):
             level = 1 if parent < 0 else levels.get(parent, depth + 1) + 1
             levels[node] = level
             if level > depth or len(tokens) >= room or (parent >= 0 and parent not in index):
@@ -261,6 +262,13 @@ class MedusaDrafter:
             tokens.append(cands[level - 1][rank])
             parents.append(index[parent] if parent >= 0 else -1)
         return tokens, parents
+
+
+def _ranked(parents: Sequence[int]) -> list[tuple[int, int]]:
+    """``(parent, rank among its siblings)`` per node of a static tree."""
+    from verispec.analysis import tree_paths
+
+    return [(p, path[-1]) for p, path in zip(parents, tree_paths(parents), strict=True)]
 
 
 def _restricted_head(target: LanguageModel, ids: Tensor) -> nn.Module:

@@ -46,11 +46,9 @@ def make_drafter(
     if name == "medusa":
         if heads is None or target_model is None:
             raise ConfigError("the medusa drafter needs heads: pass --heads PATH (verispec train medusa writes them)")
-        if tree is not None and tree.parents is None:
-            raise ConfigError("Medusa trees are static: give --tree as JSON rank paths (e.g. [[0],[1],[0,0]])")
         return MedusaDrafter(
             target_model, heads, vocab_size=vocab_size, head_size=draft_head, tree=tree.parents if tree else None
-        )
+        )  # (a dynamic shape: a chain, unless the policy plans trees per step)
     if draft_model is None:
         raise ConfigError(f"drafter {name!r} needs a draft model; pass --draft (or use --drafter ngram)")
     if name == "tree":

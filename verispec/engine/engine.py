@@ -2,14 +2,17 @@
 
 One step (ARCHITECTURE section 1), for the running batch:
 
-1. the policy picks each request's draft length ``k_b`` (0 = no speculation for it);
-2. the drafter proposes up to ``k_b`` tokens per request (ragged: ``Draft.num_tokens``);
+1. the policy picks each request's draft length ``k_b`` (0 = no speculation for it), and a tree
+   for it where the policy plans trees (``--tree auto``);
+2. the drafter proposes up to ``k_b`` tokens per request (ragged: ``Draft.num_tokens``), or a tree;
 3. ONE target pass over ``[pending token, draft tokens]`` per request (right-padded, each sequence
    at its own cache length) gives ``K + 1`` laws per request through :func:`~verispec.sampling.to_probs`;
 4. the acceptance rule keeps a prefix of each draft and emits one more token;
 5. each request's KV cache keeps the pending token plus its accepted tokens (O(1) rollback), the
    new tokens are committed (EOS, stop strings and max_tokens may end the request inside the
-   block), and the drafter and the policy observe what happened.
+   block), and the drafter and the policy observe what happened (a drafter that declares
+   ``uses_target_hidden``, Medusa heads, also gets the target's hidden state that produced each
+   request's last committed token: the same pass, no second one).
 
 Plain decoding is the same loop with K = 0: the same target pass, the same ``to_probs``, the same
 rule with an empty draft, the same randomness. A request's draws come only from its own generator,
