@@ -14,8 +14,8 @@ into a trie whose likeliest nodes (at most ``spec_factor`` times the match's len
 SuffixDecoding sizes its drafts) become a tree of ``"fixed"`` children
 (:mod:`verispec.drafters.trie`), verified by recursive point-mass acceptance: the target's law is
 kept whatever the datastore holds. The request's own earlier occurrences of the suffix join the
-datastore's (first, up to ``max_matches`` of each), so text the answer copies from its prompt is
-drafted too, as prompt lookup would.
+datastore's (up to ``max_matches`` of each), so text the answer copies from its prompt is drafted
+too, as prompt lookup would.
 
 A datastore is built once per (files, tokenizer) and cached; :func:`text_files` reads
 only regular text files (UTF-8, no NUL byte), skips hidden names and symbolic links, and is
@@ -34,10 +34,8 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from verispec.drafters.base import BatchView
-from verispec.drafters.trie import OwnTokens, best_continuations, tree_draft
-from verispec.errors import ConfigError, InputError
-from verispec.verify.base import Draft
+from verispec.drafters.trie import ContinuationDrafter
+from verispec.errors import ConfigError
 
 #: Between documents in the datastore: no token id is negative, so no match crosses it.
 SEPARATOR = -1
@@ -210,13 +208,10 @@ class Datastore:
         return out
 
 
-class RetrievalDrafter:
+class RetrievalDrafter(ContinuationDrafter):
     """Trees of what followed the current suffix in a datastore (see the module docstring)."""
 
     name: ClassVar[str] = "retrieval"
-    proposes: ClassVar[bool] = True
-    uses_target_hidden: ClassVar[bool] = False
-    last_catchup_tokens: int = 0  # no model state to catch up
 
     def __init__(
         self,
@@ -230,57 +225,13 @@ class RetrievalDrafter:
         max_matches: int = 64,
         spec_factor: float = 2.0,
     ) -> None:
-        if not 1 <= min_n <= max_n:
-            raise ConfigError(f"retrieval suffix sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
-        if depth < 1 or max_nodes < 1 or max_matches < 1:
-            raise ConfigError("retrieval drafter: depth, max_nodes and max_matches must be >= 1")
-        if not 0.0 < min_share <= 1.0:
-            raise ConfigError(f"min_share must be in (0, 1], got {min_share}")
-        if not 0.0 < spec_factor < float("inf"):
-            raise ConfigError(f"spec_factor must be a number > 0, got {spec_factor}")
-        self.spec_factor = spec_factor
+        super().__init__(
+            min_n=min_n, max_n=max_n, depth=depth, max_nodes=max_nodes, min_share=min_share, max_matches=max_matches,
+            spec_factor=spec_factor,
+        )  # fmt: skip
         self.datastore = datastore
-        self.min_n, self.max_n, self.depth, self.max_nodes = min_n, max_n, depth, max_nodes
-        self.min_share, self.max_matches = min_share, max_matches
-        self._own: dict[str, OwnTokens] = {}
 
-    def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
-        if request_id in self._own:
-            raise InputError(f"request {request_id!r} is already running; request ids must be unique")
-        self._own[request_id] = OwnTokens(prompt_ids, self.min_n, self.max_n, self.max_matches)
-
-    def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
-        self._get(request_id)  # the tokens arrive through the request's own list
-
-    def end(self, request_id: str) -> None:
-        self._own.pop(request_id, None)
-
-    def _get(self, request_id: str) -> OwnTokens:
-        try:
-            return self._own[request_id]
-        except KeyError:
-            raise InputError(f"unknown request {request_id!r}: call begin() before propose()/observe()") from None
-
-    def tree(self, request_id: str, budget: int) -> tuple[list[int], list[int]]:
-        """The tokens and parents (-1: the root) of the tree for one request, at most ``budget``
-        nodes, parents first."""
-        own = self._get(request_id)
-        tokens = own.tokens
-        budget = min(budget, self.max_nodes)
-        if budget <= 0:
-            return [], []
-        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
-            found = [tokens[pos : pos + self.depth] for pos in own.starts(n)]  # the request's own text first
-            lo, hi = self.datastore.occurrences(list(tokens[-n:]))
-            found += self.datastore.continuations(lo, hi, n, self.depth, self.max_matches) if hi > lo else []
-            if found:  # a draft of at most spec_factor x the match's length (a short match guesses little)
-                return best_continuations(found, min(budget, max(1, round(self.spec_factor * n))), self.min_share)
-        return [], []
-
-    def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
-        room = batch.room if batch.room is not None else [self.max_nodes] * len(batch)
-        trees = [
-            self.tree(rid, min(r, self.max_nodes)) if k > 0 else ([], [])
-            for rid, k, r in zip(batch.request_ids, max_tokens, room, strict=True)
-        ]
-        return tree_draft(trees)
+    def elsewhere(self, suffix: Sequence[int]) -> list[Sequence[int]]:
+        """What followed ``suffix`` in the datastore (up to ``max_matches`` occurrences, evenly spaced)."""
+        lo, hi = self.datastore.occurrences(list(suffix))
+        return list(self.datastore.continuations(lo, hi, len(suffix), self.depth, self.max_matches)) if hi > lo else []

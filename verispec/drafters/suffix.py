@@ -24,19 +24,14 @@ from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
-from verispec.drafters.base import BatchView
-from verispec.drafters.trie import Occurrences, OwnTokens, best_continuations, tree_draft
-from verispec.errors import ConfigError, InputError
-from verispec.verify.base import Draft
+from verispec.drafters.trie import ContinuationDrafter, Occurrences
+from verispec.errors import ConfigError
 
 
-class SuffixDrafter:
+class SuffixDrafter(ContinuationDrafter):
     """Trees of earlier continuations of the current suffix (see the module docstring)."""
 
     name: ClassVar[str] = "suffix"
-    proposes: ClassVar[bool] = True
-    uses_target_hidden: ClassVar[bool] = False
-    last_catchup_tokens: int = 0  # no model state to catch up
 
     def __init__(
         self,
@@ -50,32 +45,18 @@ class SuffixDrafter:
         corpus_tokens: int = 1_000_000,
         spec_factor: float = 2.0,
     ) -> None:
-        if not 1 <= min_n <= max_n:
-            raise ConfigError(f"suffix sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
-        if depth < 1 or max_nodes < 1 or max_matches < 1 or corpus_tokens < 0:
-            raise ConfigError("suffix drafter: depth, max_nodes and max_matches must be >= 1, corpus_tokens >= 0")
-        if not 0.0 < min_share <= 1.0:
-            raise ConfigError(f"min_share must be in (0, 1], got {min_share}")
-        if not 0.0 < spec_factor < float("inf"):
-            raise ConfigError(f"spec_factor must be a number > 0, got {spec_factor}")
-        self.spec_factor = spec_factor
-        self.min_n, self.max_n, self.depth, self.max_nodes = min_n, max_n, depth, max_nodes
-        self.min_share, self.max_matches, self.corpus_tokens = min_share, max_matches, corpus_tokens
-        self._own: dict[str, OwnTokens] = {}
+        super().__init__(
+            min_n=min_n, max_n=max_n, depth=depth, max_nodes=max_nodes, min_share=min_share, max_matches=max_matches,
+            spec_factor=spec_factor,
+        )  # fmt: skip
+        if corpus_tokens < 0:
+            raise ConfigError(f"suffix drafter: corpus_tokens must be >= 0, got {corpus_tokens}")
+        self.corpus_tokens = corpus_tokens
         self._corpus = Occurrences(min_n, max_n, max_matches)
         self._corpus_seqs: dict[int, list[int]] = {}
         self._corpus_order: deque[int] = deque()
         self._corpus_size = 0
-        self._next_id = 1  # 0: the request's own tokens
-
-    # ------------------------------------------------------------------------------ lifecycle
-    def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
-        if request_id in self._own:
-            raise InputError(f"request {request_id!r} is already running; request ids must be unique")
-        self._own[request_id] = OwnTokens(prompt_ids, self.min_n, self.max_n, self.max_matches)
-
-    def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
-        self._get(request_id)  # the tokens arrive through the request's own list
+        self._next_id = 1
 
     def end(self, request_id: str) -> None:
         entry = self._own.pop(request_id, None)
@@ -96,45 +77,7 @@ class SuffixDrafter:
             self._corpus_size -= len(gone)
             self._corpus.remove(old, gone)
 
-    def _get(self, request_id: str) -> OwnTokens:
-        try:
-            return self._own[request_id]
-        except KeyError:
-            raise InputError(f"unknown request {request_id!r}: call begin() before propose()/observe()") from None
-
-    # ------------------------------------------------------------------------------- drafting
-    def tree(self, request_id: str, budget: int) -> tuple[list[int], list[int]]:
-        """The tokens and parents (-1: the root) of the tree for one request, at most ``budget``
-        nodes, parents first."""
-        own = self._get(request_id)
-        tokens = own.tokens
-        budget = min(budget, self.max_nodes)
-        if budget <= 0:
-            return [], []
-        for n in range(self.max_n, self.min_n - 1, -1):
-            if len(tokens) < n:
-                continue
-            key = tuple(tokens[-n:])
-            corpus = list(self._corpus.tables[n].get(key, ()))
-            starts = corpus + [(0, pos) for pos in own.starts(n)]  # oldest first
-            if starts:  # a draft of at most spec_factor x the match's length (SuffixDecoding's adaptive size)
-                size = min(budget, max(1, round(self.spec_factor * n)))
-                return self._best_nodes(tokens, starts[-self.max_matches :], size)
-        return [], []
-
-    def _best_nodes(
-        self, tokens: Sequence[int], starts: list[tuple[int, int]], budget: int
-    ) -> tuple[list[int], list[int]]:
-        continuations = (
-            (tokens if seq_id == 0 else self._corpus_seqs[seq_id])[start : start + self.depth]
-            for seq_id, start in starts
-        )
-        return best_continuations(continuations, budget, self.min_share)
-
-    def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
-        room = batch.room if batch.room is not None else [self.max_nodes] * len(batch)
-        trees = [
-            self.tree(rid, min(r, self.max_nodes)) if k > 0 else ([], [])
-            for rid, k, r in zip(batch.request_ids, max_tokens, room, strict=True)
-        ]
-        return tree_draft(trees)
+    def elsewhere(self, suffix: Sequence[int]) -> list[Sequence[int]]:
+        """What followed ``suffix`` in earlier requests' outputs (the most recent ``max_matches``)."""
+        where = self._corpus.tables[len(suffix)].get(tuple(suffix), ())
+        return [self._corpus_seqs[seq][start : start + self.depth] for seq, start in where]

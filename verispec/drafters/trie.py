@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import torch
 
+from verispec.drafters.base import BatchView
+from verispec.errors import ConfigError, InputError
 from verispec.verify.base import Draft
 
 
@@ -112,6 +115,80 @@ class OwnTokens:
         if len(self.tokens) < n or n not in self.index.tables:
             return []
         return [pos for _, pos in self.index.tables[n].get(tuple(self.tokens[-n:]), ())]
+
+
+class ContinuationDrafter:
+    """What the model-free tree drafters share: each request's own tokens (indexed as they grow),
+    the search from the longest suffix (``max_n`` tokens) down to ``min_n`` for earlier
+    occurrences, and the trie of what followed them, at most ``spec_factor`` times the matched
+    length (SuffixDecoding's adaptive draft size) and ``max_nodes`` nodes. Subclasses say where
+    else continuations come from (:meth:`elsewhere`): a corpus of earlier outputs, a datastore."""
+
+    name: ClassVar[str]
+    proposes: ClassVar[bool] = True
+    uses_target_hidden: ClassVar[bool] = False
+    last_catchup_tokens: int = 0  # no model state to catch up
+
+    def __init__(
+        self, *, min_n: int, max_n: int, depth: int, max_nodes: int, min_share: float, max_matches: int,
+        spec_factor: float,
+    ) -> None:  # fmt: skip
+        if not 1 <= min_n <= max_n:
+            raise ConfigError(f"{self.name} drafter: suffix sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        if depth < 1 or max_nodes < 1 or max_matches < 1:
+            raise ConfigError(f"{self.name} drafter: depth, max_nodes and max_matches must be >= 1")
+        if not 0.0 < min_share <= 1.0:
+            raise ConfigError(f"min_share must be in (0, 1], got {min_share}")
+        if not 0.0 < spec_factor < float("inf"):
+            raise ConfigError(f"spec_factor must be a number > 0, got {spec_factor}")
+        self.min_n, self.max_n, self.depth, self.max_nodes = min_n, max_n, depth, max_nodes
+        self.min_share, self.max_matches, self.spec_factor = min_share, max_matches, spec_factor
+        self._own: dict[str, OwnTokens] = {}
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        if request_id in self._own:
+            raise InputError(f"request {request_id!r} is already running; request ids must be unique")
+        self._own[request_id] = OwnTokens(prompt_ids, self.min_n, self.max_n, self.max_matches)
+
+    def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None:
+        self._get(request_id)  # the tokens arrive through the request's own list
+
+    def end(self, request_id: str) -> None:
+        self._own.pop(request_id, None)
+
+    def _get(self, request_id: str) -> OwnTokens:
+        try:
+            return self._own[request_id]
+        except KeyError:
+            raise InputError(f"unknown request {request_id!r}: call begin() before propose()/observe()") from None
+
+    # ------------------------------------------------------------------------------- drafting
+    def elsewhere(self, suffix: Sequence[int]) -> list[Sequence[int]]:
+        """Continuations (``depth`` tokens at most) of ``suffix`` outside the request's own tokens."""
+        return []
+
+    def tree(self, request_id: str, budget: int) -> tuple[list[int], list[int]]:
+        """The tokens and parents (-1: the root) of the tree for one request, at most ``budget``
+        nodes, parents first."""
+        own = self._get(request_id)
+        tokens = own.tokens
+        budget = min(budget, self.max_nodes)
+        if budget <= 0:
+            return [], []
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            found = self.elsewhere(tokens[-n:]) + [tokens[pos : pos + self.depth] for pos in own.starts(n)]
+            if found:  # a draft of at most spec_factor x the match's length (a short match guesses little)
+                return best_continuations(found, min(budget, max(1, round(self.spec_factor * n))), self.min_share)
+        return [], []
+
+    def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
+        room = batch.room if batch.room is not None else [self.max_nodes] * len(batch)
+        trees = [
+            self.tree(rid, min(r, self.max_nodes)) if k > 0 else ([], [])
+            for rid, k, r in zip(batch.request_ids, max_tokens, room, strict=True)
+        ]
+        return tree_draft(trees)
 
 
 def tree_draft(trees: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Draft:
