@@ -20,6 +20,15 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return target, draft
 
 
+def test_typical_acceptance_is_labelled_lossy(pair: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    target, draft = pair
+    base = ["generate", "hello", "--target", str(target), "--draft", str(draft), "--dtype", "fp32", "--k", "3"]
+    assert main([*base, "--rule", "typical", "--allow-lossy", "--max-tokens", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lossless"] is False
+    assert main([*base, "--rule", "typical", "--allow-lossy", "--max-tokens", "8"]) == 0
+    assert "LOSSY" in capsys.readouterr().out
+
+
 def test_generate_with_a_datastore(
     pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -95,6 +104,8 @@ def test_generate_streams_text_then_stats(pair: tuple[Path, Path], capsys: pytes
         (["--drafter", "retrieval", "--rule", "block"], "verifies chains"),
         (["--drafter", "tree", "--tree", "[[1]]"], "paths"),
         (["--drafter", "tree", "--tree", "auto", "--k", "3"], "drop --k"),
+        (["--rule", "typical"], "--allow-lossy"),
+        (["--rule", "typical", "--allow-lossy", "--drafter", "tree"], "verifies chains"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -66,6 +66,9 @@ def test_generate_with_medusa_heads_equals_plain(
     for shape in ("[[0],[1],[0,0]]", "auto"):
         assert run(*base, "--drafter", "medusa", "--heads", str(trained["heads"]), "--tree", shape) == 0
         assert json.loads(capsys.readouterr().out)["token_ids"] == spec["token_ids"]
+    typical = ["--drafter", "medusa", "--heads", str(trained["heads"]), "--rule", "typical", "--allow-lossy"]
+    assert run(*base, *typical, "--temperature", "0.7", "--seed", "1") == 0  # Medusa's default rule: lossy, and says so
+    assert json.loads(capsys.readouterr().out)["lossless"] is False
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,7 @@ def local_pipelines(
     tree: str | None = None,
     tree_children: str = "fixed",
     rule: str = "rejection",
+    allow_lossy: bool = False,
     datastore: str | None = None,
     heads: str | None = None,
 ) -> tuple[Pipeline, Pipeline]:
@@ -66,7 +67,7 @@ def local_pipelines(
     spec = build(
         target, draft, drafter=drafter, k=k, dtype=dtype, draft_dtype=draft_dtype, device=device,
         max_batch=max_batch, max_len=max_len, draft_head=draft_head, tree=tree, tree_children=tree_children,
-        rule=rule, datastore=datastore, heads=heads,
+        rule=rule, allow_lossy=allow_lossy, datastore=datastore, heads=heads,
     )  # fmt: skip
     return Pipeline(baseline_engine(spec.engine), spec.target, None), spec
 

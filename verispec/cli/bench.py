@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         pipe = build(
             args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
             draft_dtype=args.draft_dtype, device=args.device, max_batch=1, draft_head=args.draft_vocab,
-            tree=args.tree, tree_children=args.tree_children, rule=args.rule,
+            tree=args.tree, tree_children=args.tree_children, rule=args.rule, allow_lossy=args.allow_lossy,
             datastore=args.datastore, heads=args.heads,
         )  # fmt: skip
     if picked:
@@ -138,9 +138,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     out = Console(width=max(Console().width, 120))
+    lossy = "" if summary["lossless"] else ", LOSSY (typical acceptance: not the target's distribution)"
     table = Table(
         title=f"verispec bench: {summary['target']} <- {summary['draft'] or args.drafter}, "
-        f"K={summary['k']}, {args.dtype}"
+        f"K={summary['k']}, {args.dtype}{lossy}"
     )
     for col in (
         "set",

@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
                     args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
                     draft_dtype=args.draft_dtype, device=args.device, max_batch=args.max_batch or max(
                         [*args.concurrency, 1]), max_len=args.max_len, draft_head=args.draft_vocab,
-                        tree=args.tree, tree_children=args.tree_children, rule=args.rule,
+                        tree=args.tree, tree_children=args.tree_children, rule=args.rule, allow_lossy=args.allow_lossy,
                         datastore=args.datastore, heads=args.heads,
                 )  # fmt: skip
                 local_base, local_spec = serve_pair(stack, *pipes)

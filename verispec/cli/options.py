@@ -65,10 +65,16 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "256 MiB of text at most",
     )  # fmt: skip
     p.add_argument(
-        "--rule", default="rejection", choices=LOSSLESS_RULES,
+        "--rule", default="rejection", choices=(*LOSSLESS_RULES, "typical"),
         help="acceptance rule: rejection (token-wise speculative sampling; a tree goes to the rule made for its "
         "children), block (block verification of chains: never fewer accepted tokens in expectation), or a tree "
-        "rule by name (specinfer, sequoia, point-mass). All lossless. Default: rejection",
+        "rule by name (specinfer, sequoia, point-mass), all lossless; or typical (Medusa's typical acceptance of "
+        "chains: LOSSY, needs --allow-lossy, and every output says so). Default: rejection",
+    )  # fmt: skip
+    p.add_argument(
+        "--allow-lossy", action="store_true",
+        help="allow --rule typical, which does not keep the target's output distribution (outputs are labelled "
+        "lossy: the CLI's figures, the server's spec.lossless, the gate's report)",
     )  # fmt: skip
     p.add_argument(
         "--tree", default=None, metavar="D,E,B[,N]|PATHS|auto",
