@@ -259,6 +259,9 @@ def build(
             raise ConfigError(f"drafter {drafter!r} needs a draft model; pass one or use the ngram drafter")
         draft_model = load_model(draft, dtype=draft_dtype or dtype, device=device, progress=progress)
         vocab = check_compatible(target_model, draft_model).vocab_size
+    trained = load_heads(heads, target_model.model) if heads is not None else None  # (heads, manifest)
+    if trained is not None:  # the heads score the ids they were trained on, fewer if asked
+        draft_head = min(draft_head or trained[1].head_size, trained[1].head_size)
     d = make_drafter(
         drafter,
         draft_model=draft_model.model if draft_model is not None else None,
@@ -272,7 +275,7 @@ def build(
         tree_children=tree_children,
         datastore=load_datastore(files, target_model.tokenizer, progress) if files is not None else None,
         target_model=target_model.model,
-        heads=load_heads(heads, target_model.model)[0] if heads is not None else None,
+        heads=trained[0] if trained is not None else None,
     )
     policy: DraftPolicy | None = None
     if d.proposes and k is None:

@@ -101,3 +101,12 @@ def test_heads_of_another_target_are_refused(trained: dict[str, Path], capsys: p
     train = ["train", "medusa", "--target", str(trained["other"]), "--dtype", "fp32", "--data", str(trained["data"])]
     assert run(*train, "--out", str(trained["data"].parent / "h2.safetensors")) == 2
     assert "was made with" in capsys.readouterr().err
+
+
+def test_the_heads_score_the_ids_they_were_trained_on(trained: dict[str, Path]) -> None:
+    from verispec.pipeline import build
+
+    pipe = build(trained["target"], None, drafter="medusa", heads=trained["heads"], dtype="fp32", k=2, max_batch=1)
+    assert pipe.engine.drafter.ids.numel() == 200  # type: ignore[attr-defined]  (--head-size 200, not the vocabulary)
+    pipe = build(trained["target"], None, drafter="medusa", heads=trained["heads"], dtype="fp32", k=2, draft_head=50)
+    assert pipe.engine.drafter.ids.numel() == 50  # type: ignore[attr-defined]
