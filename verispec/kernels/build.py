@@ -104,6 +104,10 @@ def check_buildable(tier: Tier) -> None:
         )
 
 
+#: The lock file torch.utils.cpp_extension's builder holds in a build folder while it compiles.
+TORCH_BUILD_LOCK = "lock"
+
+
 @contextmanager
 def _locked(folder: Path) -> Any:
     import fcntl
@@ -149,6 +153,10 @@ def load(home: Path | None = None, tier: str | None = None) -> Any:
                 folder,
             )
         folder.mkdir(parents=True, exist_ok=True)
+        # torch's builder takes a lock file of its own in the folder, which a build killed midway
+        # leaves behind (every later build would wait for it forever); holding our lock, no one
+        # else builds here, so such a file is stale
+        (folder / TORCH_BUILD_LOCK).unlink(missing_ok=True)
         try:
             module = load_extension(
                 name=f"verispec_kernels_{chosen.name}_{key}",
