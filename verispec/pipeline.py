@@ -18,6 +18,7 @@ from verispec.config import EngineConfig, SamplingParams, SpecConfig
 from verispec.drafters.heads import MedusaDrafter, load_heads
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.retrieval import Datastore, DatastoreFiles, text_files
+from verispec.drafters.tree import TreeShape
 from verispec.engine.engine import Engine
 from verispec.engine.policy import DraftPolicy
 from verispec.engine.request import RequestOutput
@@ -154,6 +155,26 @@ def load_datastore(files: DatastoreFiles, tokenizer: Tokenizer, progress: Progre
     return Datastore.from_files(files, encode, verispec_home() / "datastores", fingerprint)
 
 
+def tree_shape(drafter: str, tree: str | None, k: int | None, rule: str) -> tuple[TreeShape | None, int | None]:
+    """The shape of the drafter's trees from ``--tree`` (None: chains), and the draft length then
+    fixed (a static or dynamic shape's depth unless ``k`` is given; None for ``auto``, whose
+    trees the policy plans per step within a 16-node, depth-8 shape)."""
+    if tree is None:
+        return (TreeShape(), TreeShape().depth if k is None else k) if drafter == "tree" else (None, k)
+    if drafter not in ("tree", "medusa"):
+        raise ConfigError("--tree shapes the tree drafter's trees (or the medusa drafter's); add --drafter tree")
+    if drafter == "medusa" and rule in ("block", "typical"):
+        raise ConfigError(f"--rule {rule} verifies chains; a Medusa tree needs --rule rejection")
+    if tree == "auto":
+        if k is not None:
+            raise ConfigError("--tree auto chooses each step's tree from measured acceptance and costs; drop --k")
+        return TreeShape(AUTO_TREE_DEPTH, 2, 2, AUTO_TREE_NODES), None
+    shape = TreeShape.parse(tree)
+    if drafter == "medusa" and shape.parents is None:
+        raise ConfigError("Medusa trees are static: give --tree as JSON rank paths (e.g. [[0],[1],[0,0]]) or auto")
+    return shape, shape.depth if k is None else k
+
+
 def build(
     target: str | os.PathLike[str] = DEFAULT_TARGET,
     draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
@@ -196,7 +217,6 @@ def build(
     for value in {dtype, draft_dtype or dtype}:
         check_precision(value, device)  # before any loading: int4/int8 need this CPU's AMX kernels
     check_rule_fits_drafter(rule, drafter, tree_children)
-    shape = None
     if (drafter == "medusa") != (heads is not None):
         raise ConfigError(
             "the medusa drafter needs --heads PATH (verispec train medusa writes it)"
@@ -205,34 +225,7 @@ def build(
         )
     if heads is not None and not os.path.isfile(heads):
         raise ConfigError(f"--heads {str(heads)!r} is not a file; train heads with verispec train medusa")
-    if drafter == "medusa" and tree is not None:  # a static tree of the heads' candidates, or one per step
-        from verispec.drafters.tree import TreeShape
-
-        if rule in ("block", "typical"):
-            raise ConfigError(f"--rule {rule} verifies chains; a Medusa tree needs --rule rejection")
-        if tree == "auto":
-            if k is not None:
-                raise ConfigError("--tree auto chooses each step's tree from measured acceptance and costs; drop --k")
-            shape = TreeShape(AUTO_TREE_DEPTH, 2, 2, AUTO_TREE_NODES)
-        else:
-            shape = TreeShape.parse(tree)
-            if shape.parents is None:
-                raise ConfigError(
-                    "Medusa trees are static: give --tree as JSON rank paths (e.g. [[0],[1],[0,0]]) or auto"
-                )
-            k = shape.depth if k is None else k
-    elif drafter == "tree":
-        from verispec.drafters.tree import TreeShape
-
-        if tree == "auto":  # the policy plans each step's tree; the drafter's shape only bounds it
-            if k is not None:
-                raise ConfigError("--tree auto chooses each step's tree from measured acceptance and costs; drop --k")
-            shape = TreeShape(AUTO_TREE_DEPTH, 2, 2, AUTO_TREE_NODES)
-        else:
-            shape = TreeShape.parse(tree) if tree is not None else TreeShape()
-            k = shape.depth if k is None else k
-    elif tree is not None and drafter != "medusa":
-        raise ConfigError("--tree shapes the tree drafter's trees (or the medusa drafter's); add --drafter tree")
+    shape, k = tree_shape(drafter, tree, k, rule)
     if (drafter == "retrieval") != (datastore is not None):
         raise ConfigError(
             "the retrieval drafter needs --datastore PATH (a folder of text or code)"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from verispec.analysis import TreePlan
 from verispec.certify.tiny import tiny_pair
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
@@ -14,7 +15,7 @@ from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
 from verispec.engine import calibrate as calib
 from verispec.engine.calibrate import CostTable, load_or_calibrate
-from verispec.engine.policy import FixedPolicy, MeasuredPolicy, TreePolicy, tree_depths
+from verispec.engine.policy import FixedPolicy, MeasuredPolicy, TreePolicy
 from verispec.engine.request import Request
 
 
@@ -157,7 +158,7 @@ def test_a_flat_pass_buys_a_wide_tree_a_steep_one_a_chain_or_nothing() -> None:
     flat.draft_pass[1].update(0.002)
     depth = flat.draft_lengths(batch, [100])[0]
     (shape,) = flat.tree_shapes(batch, [depth])
-    assert shape is not None and len(shape) == 16 and depth == max(tree_depths(shape))
+    assert shape is not None and len(shape) == 16 and depth == TreePlan(shape, 0.0).depth
     assert shape.count(-1) >= 2  # several children at the root
     steep = TreePolicy(16, 6, prior=(0.5, 0.25, 0.1), costs=costs({1: 0.1, 2: 0.11, 3: 0.13, 5: 0.2, 9: 0.4, 17: 0.8}))
     steep.draft_pass[1].update(0.002)

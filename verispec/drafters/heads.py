@@ -36,9 +36,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from verispec.drafters.base import BatchView
+from verispec.drafters.model import restricted_head
+from verispec.drafters.trie import tree_draft
 from verispec.errors import ConfigError, InputError, ModelLoadError
 from verispec.models.protocol import LanguageModel
-from verispec.verify.base import PAD_ID, Draft
+from verispec.verify.base import Draft
 
 #: The manifest format of a heads file.
 FORMAT = "verispec-medusa/1"
@@ -52,18 +54,12 @@ def target_fingerprint(model: LanguageModel) -> str:
     c = model.config
     parts = [c.architecture, c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size, c.num_heads]
     digest = hashlib.sha256("|".join(map(str, parts)).encode())
-    weight = _embedding(model)
+    weight = model.embed_weight
     if weight is not None:
         digest.update(
-            weight[:: max(1, weight.shape[0] // 64)].to(torch.bfloat16).float().contiguous().numpy().tobytes()
+            weight[:: max(1, weight.shape[0] // 64)].detach().to(torch.bfloat16).float().cpu().numpy().tobytes()
         )
     return digest.hexdigest()[:32]
-
-
-def _embedding(model: LanguageModel) -> Tensor | None:
-    inner = getattr(model, "model", None)
-    table = getattr(getattr(inner, "embed_tokens", None), "weight", None)
-    return table.detach() if isinstance(table, Tensor) else None
 
 
 class MedusaHeads(nn.Module):
@@ -178,7 +174,7 @@ class MedusaDrafter:
         limit = min(vocab_size, target.config.vocab_size)
         size = limit if head_size is None else max(1, min(head_size, limit))
         self.ids = torch.arange(size, device=target.device)  # [H]: the ids the heads score
-        self._head = _restricted_head(target, self.ids)
+        self._head = restricted_head(target, self.ids)
         self._head_dtype = target.dtype  # what the LM head takes
         self._tree = _ranked(tree) if tree is not None else None  # static tree: (parent, rank) per node
         self.depth = heads.num_heads
@@ -230,17 +226,10 @@ class MedusaDrafter:
                 room = batch.room[b] if batch.room is not None else max_tokens[b]
                 depth = min(self.depth, max_tokens[b])
                 trees[b] = self._draft(cands[j], depth, room, plans[b])
-        k = max((len(t) for t, _ in trees), default=0)
-        ids = torch.full((n, k), PAD_ID, dtype=torch.long)
-        parents = torch.full((n, k), PAD_ID, dtype=torch.long)
-        for b, (toks, pars) in enumerate(trees):
-            if toks:
-                ids[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-                parents[b, : len(pars)] = torch.tensor(pars, dtype=torch.long)
-        num = torch.tensor([len(t) for t, _ in trees], dtype=torch.long)
-        if all(plans[b] is None for b in rows):
-            return Draft(ids, num, None)
-        return Draft(ids, num, None, parents, "fixed")
+        draft = tree_draft(trees)
+        if all(plans[b] is None for b in rows):  # chains: no tree to declare
+            return Draft(draft.token_ids, draft.num_tokens, None)
+        return draft
 
     def _draft(
         self, cands: list[list[int]], depth: int, room: int, tree: list[tuple[int, int]] | None
@@ -269,21 +258,3 @@ def _ranked(parents: Sequence[int]) -> list[tuple[int, int]]:
     from verispec.analysis import tree_paths
 
     return [(p, path[-1]) for p, path in zip(parents, tree_paths(parents), strict=True)]
-
-
-def _restricted_head(target: LanguageModel, ids: Tensor) -> nn.Module:
-    """The target's LM head scoring only ``ids``: its kernel rows (bit for bit the full head's
-    scores for them) where the target runs on verispec's kernels, else its weight rows."""
-    head = target.lm_head
-    if head is not None and target.cpu_kernels:
-        from verispec.kernels.linear import select_rows
-
-        module = select_rows(head, ids)
-        if module is not None:
-            return module
-    weight = target.lm_weight
-    if weight is None:
-        raise ConfigError(f"{type(target).__name__} does not expose its LM head; Medusa heads need it")
-    linear = nn.Linear(weight.shape[1], ids.numel(), bias=False, device=weight.device, dtype=weight.dtype)
-    linear.weight.data = weight.index_select(0, ids).detach().clone()
-    return linear.requires_grad_(False)

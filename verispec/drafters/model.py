@@ -83,8 +83,7 @@ class ModelDrafter:
         self.max_len = max_len
         self._state: dict[str, _State] = {}
         self._head_ids: Tensor | None = None  # [H] int64: ids the restricted head scores
-        self._head_weight: Tensor | None = None  # [H, C]: their LM head rows
-        self._head_module: torch.nn.Module | None = None  # the same rows on a kernel, when the model has them
+        self._head_module: torch.nn.Module | None = None  # the LM head scoring only those ids
         if head_size is not None:
             self._restrict_head(head_size, keep_ids)
 
@@ -99,16 +98,7 @@ class ModelDrafter:
             raise ConfigError(f"draft head size must be in [1, {self.vocab_limit}], got {head_size}")
         ids = sorted(set(range(head_size)) | {i for i in keep_ids if 0 <= i < self.vocab_limit})
         self._head_ids = torch.tensor(ids, dtype=torch.long, device=self.model.device)
-        # A head on verispec's kernels (bf16 or int8) is sliced as it is: the restricted head then
-        # computes exactly the full head's scores for its ids, at the kernel's speed. Otherwise
-        # its rows in the model's dtype, for F.linear.
-        head = self.model.lm_head
-        if head is not None and self.model.cpu_kernels:
-            from verispec.kernels.linear import select_rows
-
-            self._head_module = select_rows(head, self._head_ids)
-        if self._head_module is None:
-            self._head_weight = lm_weight.index_select(0, self._head_ids).contiguous()
+        self._head_module = restricted_head(self.model, self._head_ids)
 
     # ------------------------------------------------------------------------------ lifecycle
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None:
@@ -177,11 +167,8 @@ class ModelDrafter:
             ).hidden  # [R, T, C]
             h = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [R, N, C]
             logits = torch.full((len(pieces), at.shape[1], self.vocab_size), float("-inf"), device=device)
-            if self._head_module is not None:
-                scores = self._head_module(h)  # [R, N, H]
-            else:
-                assert self._head_weight is not None
-                scores = torch.nn.functional.linear(h, self._head_weight)
+            assert self._head_module is not None
+            scores = self._head_module(h)  # [R, N, H]
             logits[:, :, self._head_ids] = scores.float()
         else:
             logits = self.model.forward(
@@ -271,3 +258,23 @@ class ModelDrafter:
             )
             for s in states
         ]
+
+
+def restricted_head(model: LanguageModel, ids: Tensor) -> torch.nn.Module:
+    """``model``'s LM head scoring only ``ids`` (``[H]`` int64): a head on verispec's kernels (bf16
+    or int8) sliced as it is, computing exactly the full head's scores for its ids at the kernel's
+    speed; otherwise its weight rows in the model's dtype (:class:`ConfigError` when the model does
+    not expose them)."""
+    head = model.lm_head
+    if head is not None and model.cpu_kernels:
+        from verispec.kernels.linear import select_rows
+
+        module = select_rows(head, ids)
+        if module is not None:
+            return module
+    weight = model.lm_weight
+    if weight is None:
+        raise ConfigError(f"{type(model).__name__} does not expose its LM head, so it cannot be restricted")
+    linear = torch.nn.Linear(weight.shape[1], ids.numel(), bias=False, device=weight.device, dtype=weight.dtype)
+    linear.weight.data = weight.index_select(0, ids).contiguous()
+    return linear.requires_grad_(False)

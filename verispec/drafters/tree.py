@@ -84,8 +84,6 @@ class TreeShape:
         paths = tree_paths(parents)  # validates
         if not paths:
             raise ConfigError("a static tree needs at least one node")
-        if len(paths) > MAX_TREE_NODES:
-            raise ConfigError(f"a tree has at most {MAX_TREE_NODES} nodes, got {len(paths)}")
         kids = [sum(1 for p in parents if p == i) for i in range(-1, len(paths))]
         widths = [sum(1 for path in paths if len(path) == d) for d in range(1, 1 + max(map(len, paths)))]
         return TreeShape(max(map(len, paths)), max(widths), max(kids), len(paths), tuple(int(p) for p in parents))
@@ -127,15 +125,9 @@ class TreeShape:
             frontier = new[: self.expand]
         return tuple(parents)
 
-    def describe(self) -> str:
-        """One line: ``4,2,2,12`` or ``static 12 nodes, depth 4``."""
-        if self.parents is None:
-            return f"{self.depth},{self.expand},{self.branch},{self.max_nodes}"
-        return f"static {self.max_nodes} nodes, depth {self.depth}"
-
 
 def _read_paths(text: str) -> list[list[int]]:
-    """A JSON list of rank paths, inline or from a file (bounded in size and nesting)."""
+    """A JSON list of rank paths, inline or from a file (of at most ``MAX_PATHS_BYTES``)."""
     if not text.startswith("["):
         try:
             with open(text, "rb") as f:

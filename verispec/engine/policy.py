@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Protocol
 
-from verispec.analysis import TreePlan, optimal_trees
+from verispec.analysis import TreePlan, optimal_trees, tree_paths
 from verispec.config import EngineConfig
 from verispec.engine.calibrate import CostTable
 from verispec.engine.request import Request
@@ -318,7 +318,7 @@ class TreePolicy(MeasuredPolicy):
     ) -> None:
         steps = list(trees) if trees is not None else [None] * len(batch)
         self.verify_time[(len(batch), max(drafted, default=0) + 1)].update(verify_seconds)
-        levels = max((max(tree_depths(t[0]), default=0) for t in steps if t is not None), default=0)
+        levels = max((max(map(len, tree_paths(t[0])), default=0) for t in steps if t is not None), default=0)
         if levels and draft_seconds is not None:
             self.draft_pass[len(batch)].update(draft_seconds / levels)
         for req, step in zip(batch, steps, strict=True):
@@ -337,14 +337,6 @@ class TreePolicy(MeasuredPolicy):
             del self.tree_counts[rid]
         for rid in [r for r in self._chosen if r not in live]:
             del self._chosen[rid]
-
-
-def tree_depths(parents: Sequence[int]) -> list[int]:
-    """The depth of each node of a tree (1: a child of the root)."""
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return depth
 
 
 def make_policy(config: EngineConfig, speculative: bool, costs: CostTable | None = None) -> DraftPolicy:

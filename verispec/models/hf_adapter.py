@@ -162,6 +162,11 @@ class HFCausalLMAdapter:
         return None
 
     @property
+    def embed_weight(self) -> Tensor | None:
+        table = self.model.get_input_embeddings()
+        return table.weight.detach() if table is not None else None
+
+    @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype  # type: ignore[no-any-return]
 

@@ -51,6 +51,12 @@ class LanguageModel(Protocol):
         ...
 
     @property
+    def embed_weight(self) -> Tensor | None:
+        """The token embedding ``[V, C]`` (dense in every precision: trained heads fingerprint the
+        model by it), or None when the model does not expose it."""
+        ...
+
+    @property
     def dtype(self) -> torch.dtype: ...
 
     @property

@@ -306,6 +306,11 @@ class Transformer(nn.Module):
         }, result
 
     @property
+    def embed_weight(self) -> Tensor:  # [V, C]
+        """The token embedding (dense in every precision)."""
+        return self.model.embed_tokens.weight
+
+    @property
     def lm_weight(self) -> Tensor:  # [V, C]
         """The LM head's weight (the embedding when tied). A packed head (int4/int8) returns its
         dequantised weights in the model's dtype, computed anew on each access."""
