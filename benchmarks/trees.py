@@ -17,6 +17,9 @@ own engine and caches:
     medusa:HEADS     Medusa heads (verispec train medusa): a chain of every head's top token
     medusa-tree:HEADS  the same heads, a static tree of their candidates (MEDUSA_TREE)
     medusa-auto:HEADS  the same heads, a tree planned per step (--tree auto)
+    eagle:HEAD       an EAGLE head (verispec train eagle): chains, K per step from measured costs
+    eagle-K:HEAD     the same head, chains of K (e.g. eagle-4:eagle.safetensors)
+    eagle-tree:HEAD:D,E,B,N  the same head, EAGLE-2 dynamic trees of that shape
 
 Reported per configuration: median tokens/s end to end, the mean accepted length per step
 (accepted draft tokens + 1), nodes verified per step, the speedup over plain decoding of the same
@@ -42,6 +45,7 @@ import torch
 from verispec.bench.prompts import prompt_set
 from verispec.cli.doctor import cpu_model
 from verispec.config import EngineConfig, SamplingParams, SpecConfig
+from verispec.drafters.eagle import load_eagle
 from verispec.drafters.heads import load_heads
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.retrieval import text_files
@@ -63,7 +67,7 @@ def parse_configs(text: str) -> list[tuple[str, str]]:
         if ":" in part:
             kind, arg = part.split(":", 1)
             out.append((kind, arg))
-        elif out and out[-1][0].startswith("tree"):
+        elif out and out[-1][0].startswith(("tree", "eagle-tree")):
             out[-1] = (out[-1][0], out[-1][1] + "," + part)
         else:
             raise SystemExit(f"bad --configs entry {part!r}")
@@ -85,7 +89,20 @@ def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engin
         draft_head=draft_head,
         keep_ids=tuple(target.tokenizer.eos_token_ids),
     )
-    if kind in ("medusa", "medusa-tree", "medusa-auto"):
+    if kind.startswith("eagle"):
+        path, _, tree_arg = arg.partition(":")
+        head, _ = load_eagle(path, target.model)
+        tree = TreeShape.parse(tree_arg) if kind == "eagle-tree" else None
+        drafter = make_drafter("eagle", vocab_size=target.logits_width, target_model=target.model, heads=head,
+                               draft_head=draft_head, tree=tree)  # fmt: skip
+        fixed = tree.depth if tree is not None else (int(kind[6:]) if kind[6:] else None)
+        config = EngineConfig(
+            max_batch=1, max_len=4000, num_draft_tokens=fixed, max_draft_tokens=max(16, tree.max_nodes if tree else 0)
+        )
+        if fixed is None:  # K per step from measured costs, as verispec generate's default
+            policy = make_policy(config, speculative=True, costs=measured_costs(target))
+            return Engine(target.model, target.tokenizer, drafter, config, vocab_limit=target.vocab_size, policy=policy)
+    elif kind in ("medusa", "medusa-tree", "medusa-auto"):
         heads, _ = load_heads(arg, target.model)
         tree = TreeShape.parse(MEDUSA_TREE) if kind == "medusa-tree" else None
         drafter = make_drafter("medusa", vocab_size=target.logits_width, target_model=target.model, heads=heads,

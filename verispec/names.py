@@ -18,9 +18,10 @@ QUANTIZED = ("int8", "int4")
 #: Where draft tokens come from (``--drafter``): the draft model, prompt lookup, prompt lookup
 #: else the model, the draft model's token trees, trees of earlier continuations of the current
 #: suffix (no model), trees of its continuations in a datastore of the user's files (no model),
-#: Medusa heads on the target's hidden state (no draft model), or none (plain decoding).
-DRAFTERS = ("model", "ngram", "composite", "tree", "suffix", "retrieval", "medusa", "none")
-#: The drafters that propose trees (medusa: when given a static tree).
+#: Medusa heads or an EAGLE head on the target's hidden states (no draft model), or none (plain
+#: decoding).
+DRAFTERS = ("model", "ngram", "composite", "tree", "suffix", "retrieval", "medusa", "eagle", "none")
+#: The drafters that propose trees (medusa and eagle: when given a --tree).
 TREE_DRAFTERS = ("tree", "suffix", "retrieval")
 #: The drafters that need a draft model.
 MODEL_DRAFTERS = ("model", "composite", "tree")
@@ -36,3 +37,5 @@ TREE_CHILDREN = ("fixed", "sampled", "distinct")
 RULES = ("rejection", "block", "specinfer", "sequoia", "point-mass", "greedy", "typical")
 #: The rules that keep the target's law at every temperature (what generate / serve / bench take).
 LOSSLESS_RULES = ("rejection", "block", "specinfer", "sequoia", "point-mass")
+#: The drafters that read a trained file (``--heads``), and the command that writes it.
+TRAINED_DRAFTERS = {"medusa": "verispec train medusa", "eagle": "verispec train eagle"}

@@ -11,10 +11,12 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from verispec.config import EngineConfig, SamplingParams, SpecConfig
+from verispec.drafters.eagle import load_eagle
 from verispec.drafters.heads import MedusaDrafter, load_heads
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.retrieval import Datastore, DatastoreFiles, text_files
@@ -38,7 +40,8 @@ from verispec.formats.loader import (
 )
 from verispec.formats.tokenizer import Tokenizer
 from verispec.models.kv_cache import check_cache_fits
-from verispec.names import DRAFTERS, MODEL_DRAFTERS, PRECISIONS, TREE_DRAFTERS
+from verispec.models.protocol import LanguageModel
+from verispec.names import DRAFTERS, MODEL_DRAFTERS, PRECISIONS, TRAINED_DRAFTERS, TREE_DRAFTERS
 
 #: ``--tree auto``: the largest tree the policy plans (nodes, depth).
 AUTO_TREE_NODES, AUTO_TREE_DEPTH = 16, 8
@@ -126,7 +129,7 @@ def check_rule_fits_drafter(rule: str, drafter: str, tree_children: str = "fixed
     if trees and rule in ("block", "typical"):
         raise ConfigError(f"--rule {rule} verifies chains; the {drafter} drafter proposes trees: use --rule rejection")
     children = {"model": "sampled", "composite": "sampled", "ngram": "fixed", "suffix": "fixed", "retrieval": "fixed"}
-    children["medusa"] = "fixed"  # (the heads' candidates are point masses)
+    children["medusa"] = children["eagle"] = "fixed"  # (the heads' candidates are point masses)
     children["tree"] = tree_children
     made_for = TREE_RULES[rule].kind if rule in TREE_RULES else None
     if made_for is not None and drafter in children and children[drafter] != made_for:
@@ -155,16 +158,25 @@ def load_datastore(files: DatastoreFiles, tokenizer: Tokenizer, progress: Progre
     return Datastore.from_files(files, encode, verispec_home() / "datastores", fingerprint)
 
 
+def load_trained(drafter: str, path: str | os.PathLike[str], target: LanguageModel) -> tuple[Any, Any]:
+    """The medusa or eagle drafter's trained file for ``target``: (module, manifest)."""
+    if drafter == "eagle":
+        return load_eagle(path, target)
+    return load_heads(path, target)
+
+
 def tree_shape(drafter: str, tree: str | None, k: int | None, rule: str) -> tuple[TreeShape | None, int | None]:
     """The shape of the drafter's trees from ``--tree`` (None: chains), and the draft length then
     fixed (a static or dynamic shape's depth unless ``k`` is given; None for ``auto``, whose
     trees the policy plans per step within a 16-node, depth-8 shape)."""
     if tree is None:
         return (TreeShape(), TreeShape().depth if k is None else k) if drafter == "tree" else (None, k)
-    if drafter not in ("tree", "medusa"):
-        raise ConfigError("--tree shapes the tree drafter's trees (or the medusa drafter's); add --drafter tree")
-    if drafter == "medusa" and rule in ("block", "typical"):
-        raise ConfigError(f"--rule {rule} verifies chains; a Medusa tree needs --rule rejection")
+    if drafter not in ("tree", "medusa", "eagle"):
+        raise ConfigError("--tree shapes the trees of the tree, medusa or eagle drafter; add --drafter tree")
+    if drafter in TRAINED_DRAFTERS and rule in ("block", "typical"):
+        raise ConfigError(f"--rule {rule} verifies chains; a {drafter} tree needs --rule rejection")
+    if drafter == "eagle" and (tree == "auto" or tree.lstrip().startswith("[")):
+        raise ConfigError("EAGLE trees grow dynamically: give --tree DEPTH,EXPAND,BRANCH[,NODES] (e.g. 5,2,2,8)")
     if tree == "auto":
         if k is not None:
             raise ConfigError("--tree auto chooses each step's tree from measured acceptance and costs; drop --k")
@@ -217,14 +229,14 @@ def build(
     for value in {dtype, draft_dtype or dtype}:
         check_precision(value, device)  # before any loading: int4/int8 need this CPU's AMX kernels
     check_rule_fits_drafter(rule, drafter, tree_children)
-    if (drafter == "medusa") != (heads is not None):
+    if (drafter in TRAINED_DRAFTERS) != (heads is not None):
         raise ConfigError(
-            "the medusa drafter needs --heads PATH (verispec train medusa writes it)"
-            if drafter == "medusa"
-            else "--heads feeds the medusa drafter; add --drafter medusa"
+            f"the {drafter} drafter needs --heads PATH ({TRAINED_DRAFTERS[drafter]} writes it)"
+            if drafter in TRAINED_DRAFTERS
+            else "--heads feeds the medusa or eagle drafter; add --drafter medusa or --drafter eagle"
         )
     if heads is not None and not os.path.isfile(heads):
-        raise ConfigError(f"--heads {str(heads)!r} is not a file; train heads with verispec train medusa")
+        raise ConfigError(f"--heads {str(heads)!r} is not a file; train one with {TRAINED_DRAFTERS[drafter]}")
     shape, k = tree_shape(drafter, tree, k, rule)
     if (drafter == "retrieval") != (datastore is not None):
         raise ConfigError(
@@ -252,7 +264,7 @@ def build(
             raise ConfigError(f"drafter {drafter!r} needs a draft model; pass one or use the ngram drafter")
         draft_model = load_model(draft, dtype=draft_dtype or dtype, device=device, progress=progress)
         vocab = check_compatible(target_model, draft_model).vocab_size
-    trained = load_heads(heads, target_model.model) if heads is not None else None  # (heads, manifest)
+    trained = load_trained(drafter, heads, target_model.model) if heads is not None else None  # (module, manifest)
     if trained is not None:  # the heads score the ids they were trained on, fewer if asked
         draft_head = min(draft_head or trained[1].head_size, trained[1].head_size)
     d = make_drafter(

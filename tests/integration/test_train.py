@@ -58,8 +58,9 @@ def test_the_data_is_the_targets_own_output_and_hidden_states(data) -> None:  # 
     assert tokens[:p].tolist() == ids[first["prompt"]]
     out = plain_engine(target).generate([ids[first["prompt"]]], SamplingParams(temperature=0, max_tokens=24))[0]
     assert tokens[p:].tolist() == out.token_ids  # the target's own greedy answer
-    assert torch.equal(hidden, teacher_forced_hidden(target, tokens.tolist(), p - 1))
-    assert hidden.shape == (len(tokens) - p + 1, target.config.hidden_size)
+    assert torch.equal(hidden, teacher_forced_hidden(target, tokens.tolist(), 0))
+    assert hidden.shape == (len(tokens), target.config.hidden_size) and train.hidden_starts[0] == 0
+    assert torch.equal(train.answer_hidden(0), hidden[p - 1 :])
 
 
 def test_making_data_resumes_and_refuses_another_target(data, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -84,11 +85,14 @@ def test_labels_are_the_tokens_each_head_predicts() -> None:
 
     tokens = torch.tensor([5, 6, 7, 8, 9, 10])  # prompt 5 6 7, answer 8 9 10
     hidden = torch.arange(4 * 2, dtype=torch.float32).view(4, 2)  # positions 2 .. 5
-    h, y = positions(Sequences([tokens], [3], [hidden]), num_heads=2, head_size=10)
+    h, y = positions(Sequences([tokens], [3], [hidden], [2]), num_heads=2, head_size=10)
     # position 2 (after 7): head 1 -> the token at 4 (9), head 2 -> at 5 (10: outside the 10 ids scored)
     assert y.tolist() == [[9, -100], [-100, -100], [-100, -100]] and torch.equal(h, hidden[:3])
-    y2 = positions(Sequences([tokens], [3], [hidden]), num_heads=2, head_size=16)[1]
+    y2 = positions(Sequences([tokens], [3], [hidden], [2]), num_heads=2, head_size=16)[1]
     assert y2.tolist() == [[9, 10], [10, -100], [-100, -100]]
+    whole = torch.cat([torch.zeros(2, 2), hidden])  # a folder that keeps the prompt's states too (positions 0 ..)
+    h0, y0 = positions(Sequences([tokens], [3], [whole], [0]), num_heads=2, head_size=10)
+    assert torch.equal(h0, h) and torch.equal(y0, y)
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +184,7 @@ def test_medusa_greedy_equals_plain_greedy(trained, tree: str | None) -> None:  
         assert all(o.stats.rank_reached for o in outs if o.stats.num_drafts)
 
 
-def test_the_drafter_gets_the_hidden_state_of_its_last_committed_token(trained) -> None:  # type: ignore[no-untyped-def]
+def test_the_drafter_gets_the_hidden_states_of_its_committed_tokens(trained) -> None:  # type: ignore[no-untyped-def]
     out, target, _ = trained
     heads, _ = load_heads(out, target)
     d = make_drafter("medusa", vocab_size=VOCAB, target_model=target, heads=heads)
@@ -203,8 +207,12 @@ def test_the_drafter_gets_the_hidden_state_of_its_last_committed_token(trained) 
     cache = target.new_cache(1, len(full) + 1)
     reference = target.forward_with_hidden(torch.tensor([full]), None, cache).hidden[0]  # [L, C] fp32
     assert len(seen) > 3 and seen[0][0] == len(prompt) + 1
-    for committed, hidden in seen:  # the state after the token before the last committed one predicts what follows
-        torch.testing.assert_close(hidden.float(), reference[committed - 2], atol=1e-4, rtol=1e-4)
+    assert seen[0][1].shape[0] == len(prompt)  # after the prefill: every prompt position
+    done = 0
+    for committed, hidden in seen:  # the states at the positions before each committed token, in order
+        assert done + hidden.shape[0] == committed - 1
+        torch.testing.assert_close(hidden.float(), reference[done : committed - 1], atol=1e-4, rtol=1e-4)
+        done = committed - 1
 
 
 def test_medusa_options_are_checked() -> None:

@@ -39,6 +39,9 @@ CASES = [
     # Medusa heads on the target's hidden state: a chain, and a static tree of their candidates
     EngineCase("medusa", 3, SamplingParams(temperature=0.8, min_p=0.05), 5),
     EngineCase("medusa", 2, SamplingParams(temperature=1.0, top_k=3), 4, tree="[[0],[1],[0,0],[1,0]]"),
+    # the EAGLE head (its own features, autoregressive): a chain, and an EAGLE-2 dynamic tree
+    EngineCase("eagle", 3, SamplingParams(temperature=0.9, top_p=0.9), 5),
+    EngineCase("eagle", 2, SamplingParams(temperature=1.0, min_p=0.05), 4, tree="2,2,2,5"),
     # a static shape (Medusa-style rank paths): top-k and sampled children
     EngineCase("tree", 2, SamplingParams(temperature=1.0, top_k=3), 4, tree="[[0],[1],[0,0],[0,1],[1,0]]"),
     EngineCase(
@@ -54,9 +57,13 @@ def test_engine_is_lossless(case: EngineCase) -> None:
     assert acceptance > 0.0  # speculation happened
 
 
-@pytest.mark.parametrize("rule", [AlwaysAcceptRule(), ResidualIsTargetRule()], ids=lambda r: r.name)
-def test_engine_with_a_broken_rule_fails(rule) -> None:  # type: ignore[no-untyped-def]
-    case = EngineCase("model", 2, SamplingParams(temperature=1.0), 4)
+@pytest.mark.parametrize(
+    ("rule", "drafter"),
+    [(AlwaysAcceptRule(), "model"), (ResidualIsTargetRule(), "model"), (AlwaysAcceptRule(), "eagle")],
+    ids=lambda r: getattr(r, "name", r),
+)
+def test_engine_with_a_broken_rule_fails(rule, drafter: str) -> None:  # type: ignore[no-untyped-def]
+    case = EngineCase(drafter, 2, SamplingParams(temperature=1.0), 4)
     gof, _ = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE, broken_rule=rule)
     assert gof.p_value < DEFAULT_ALPHA
 

@@ -440,6 +440,21 @@ def toy_heads(hidden_size: int, num_heads: int = 3, seed: int = 4321) -> Any:
     return heads.eval()
 
 
+def _toy_trained(drafter: str, target: Any) -> Any:
+    if drafter == "medusa":
+        return toy_heads(target.config.hidden_size)
+    return toy_eagle(target) if drafter == "eagle" else None
+
+
+def toy_eagle(target: Any, seed: int = 4321) -> Any:
+    """An EAGLE head for engine certification: random weights, fixed by ``seed`` (its drafts are
+    sometimes right and sometimes wrong, which is what the rules must survive)."""
+    from verispec.drafters.eagle import EagleHead, EagleShape
+
+    torch.manual_seed(seed)
+    return EagleHead(EagleShape.for_target(target)).eval()
+
+
 def certify_engine_case(
     case: EngineCase,
     *,
@@ -493,7 +508,7 @@ def certify_engine_case(
         case.drafter, draft_model=draft, vocab_size=vocab_size, max_batch=batch, max_len=max_len + 16,
         ngram_min=1, ngram_max=3, draft_head=case.draft_head, tree=shape, tree_children=case.tree_children,
         datastore=toy_datastore(vocab_size) if case.drafter == "retrieval" else None,
-        target_model=target, heads=toy_heads(target.config.hidden_size) if case.drafter == "medusa" else None,
+        target_model=target, heads=_toy_trained(case.drafter, target),
     )  # fmt: skip
     engine = Engine(target, None, drafter, config)
     if broken_rule is not None:

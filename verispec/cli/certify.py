@@ -95,11 +95,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--drafter",
         default="model",
-        choices=["model", "point-mass", "ngram", "composite", "tree", "suffix", "retrieval", "medusa"],
+        choices=["model", "point-mass", "ngram", "composite", "tree", "suffix", "retrieval", "medusa", "eagle"],
         help="model: draft tokens sampled from a draft model, with their laws reported; point-mass: "
         "the draft model's mode proposed with no law (like n-gram lookup); with --engine: model, "
-        "ngram (prompt lookup), composite, tree, suffix, retrieval (over a fixed toy datastore) or medusa (fixed "
-        "random heads on the target's hidden state). "
+        "ngram (prompt lookup), composite, tree, suffix, retrieval (over a fixed toy datastore), medusa (fixed "
+        "random heads on the target's hidden state) or eagle (a fixed random EAGLE head). "
         "Default: model",
     )
     p.add_argument(
@@ -305,17 +305,19 @@ def run_engine(args: argparse.Namespace) -> int:
 
     if args.drafter not in DRAFTERS or args.drafter == "none":
         raise ConfigError(f"--engine certifies a drafter (model, ngram, composite, tree, ...), not {args.drafter!r}")
-    if (args.tree is not None and args.drafter not in ("tree", "medusa")) or (args.drafter == "tree" and not args.tree):
+    if (args.tree is not None and args.drafter not in ("tree", "medusa", "eagle")) or (
+        args.drafter == "tree" and not args.tree
+    ):
         raise ConfigError(
             "--engine certifies trees with --drafter tree and --tree D,E,B[,N] together (or --drafter medusa and "
-            "--tree rank paths)"
+            "--tree rank paths, or --drafter eagle and --tree D,E,B[,N])"
         )
     if args.rule == "greedy":
         raise ConfigError("--engine certifies the rejection rule (or typical with --allow-lossy); greedy is exact "
                           "only at temperature 0, where `verispec generate` equals plain decoding by test")  # fmt: skip
     if args.draft_vocab is not None and (args.draft_vocab < 1 or args.draft_vocab > args.vocab_size):
         raise ConfigError(f"--draft-vocab must be in 1..{args.vocab_size} (the toy vocabulary), got {args.draft_vocab}")
-    if args.draft_vocab is not None and args.drafter in ("ngram", "suffix", "retrieval", "medusa"):
+    if args.draft_vocab is not None and args.drafter in ("ngram", "suffix", "retrieval", "medusa", "eagle"):
         raise ConfigError(f"--draft-vocab restricts a draft model's head; the {args.drafter} drafter has none")
     if any(k is not None and k < 1 for k in args.k):
         raise ConfigError(f"--k values must be >= 1 or auto, got {args.k}")

@@ -39,7 +39,9 @@ def register(subparsers: Any) -> None:
     sub = p.add_subparsers(title="actions", metavar="ACTION", parser_class=type(p))
     p.set_defaults(run=lambda _args: _help(p))
 
-    ls = sub.add_parser("list", help="show every known model, its status and its size on disk")
+    ls = sub.add_parser(
+        "list", help="show every known model, its status and its size on disk, and the drafters trained for it"
+    )
     ls.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     ls.set_defaults(run=run_list)
 
@@ -93,10 +95,12 @@ def _size(n: int) -> str:
 
 def run_list(args: argparse.Namespace) -> int:
     from verispec.formats import registry
+    from verispec.train.index import trained_drafters
 
     statuses = registry.list_models()
+    trained = trained_drafters()
     if args.json:
-        print(json.dumps([s.to_dict() for s in statuses], indent=2))
+        print(json.dumps([s.to_dict() for s in statuses] + [t.to_dict() for t in trained], indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -111,6 +115,12 @@ def run_list(args: argparse.Namespace) -> int:
             state += " [dim](incomplete or outdated cache; run prepare again)[/]"
         role = s.role + (" (default)" if s.default else "")
         table.add_row(s.name, role, s.display_name, state, f"{s.parts_installed}/{s.parts_total}", _size(s.disk_bytes))
+        for t in [t for t in trained if t.target == s.name]:  # its trained drafters, beside it
+            table.add_row(f"  {t.path}", t.kind, t.summary, "[green]trained[/]", "-", _size(t.size))
+    known = {s.name for s in statuses}
+    for t in [t for t in trained if t.target not in known]:
+        state = "[red]missing[/]" if t.kind == "missing" else "[green]trained[/]"
+        table.add_row(t.path, f"{t.kind} for {t.target}", t.summary, state, "-", _size(t.size))
     Console(width=max(Console().width, 132)).print(table)
     return 0
 

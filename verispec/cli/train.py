@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,59 @@ def register(subparsers: Any) -> None:
         "--out", required=True, help="heads file to write (resumed when it and its optimiser state exist)"
     )
     medusa.set_defaults(run=run_medusa)
+
+    eagle = sub.add_parser(
+        "eagle",
+        help="train an EAGLE head on self-distillation data (resumable)",
+        description="Train an EAGLE head (one decoder layer over the target's features and token embeddings, "
+        "unrolled as it drafts) on a data folder; report held-out agreement per depth and a greedy chain's "
+        "accepted length after each epoch; save atomically (resumable).",
+    )
+    eagle.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    eagle.add_argument("--dtype", default=None, choices=PRECISIONS, help="target precision (default: this machine's)")
+    eagle.add_argument("--data", required=True, help="folder written by verispec train data")
+    eagle.add_argument(
+        "--head-size", type=int, default=32768, help="vocabulary ids the head scores, the first N (default 32768)"
+    )
+    eagle.add_argument(
+        "--intermediate", type=int, default=None, help="the head's MLP width (default 2 x the target's hidden size)"
+    )
+    eagle.add_argument("--epochs", type=int, default=3, help="passes over the data (default 3)")
+    eagle.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate, cosine decay (default 0.0005)")
+    eagle.add_argument("--batch", type=int, default=1024, help="token pairs per step, whole sequences (default 1024)")
+    eagle.add_argument("--unroll", type=int, default=3, help="drafting depths unrolled in training, 1..8 (default 3)")
+    eagle.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    eagle.add_argument(
+        "--out", required=True, help="head file to write (resumed when it and its optimiser state exist)"
+    )
+    eagle.set_defaults(run=run_eagle)
+
+    dist = sub.add_parser(
+        "distill",
+        help="fine-tune the draft model toward the target (DistillSpec; LoRA adapters, merged)",
+        description="Fine-tune the draft toward the target's laws on a data folder (forward KL or total variation, "
+        "at a sampling temperature) through LoRA adapters merged into the weights; report held-out acceptance "
+        "before and after; write a model folder that --draft takes.",
+    )
+    dist.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    dist.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model to fine-tune (default {DEFAULT_DRAFT})")
+    dist.add_argument("--dtype", default=None, choices=PRECISIONS, help="target precision (default: this machine's)")
+    dist.add_argument("--data", required=True, help="folder written by verispec train data (for this target)")
+    dist.add_argument(
+        "--objective", default="fkl", choices=["fkl", "tv"],
+        help="forward KL (fkl) or total variation (tv, whose complement is the acceptance rate); default fkl",
+    )  # fmt: skip
+    dist.add_argument("--temperature", type=float, default=1.0, help="temperature of the laws matched (default 1)")
+    dist.add_argument(
+        "--head-size", type=int, default=32768, help="vocabulary ids the draft scores, the first N (default 32768)"
+    )
+    dist.add_argument("--rank", type=int, default=16, help="LoRA rank (default 16)")
+    dist.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
+    dist.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate, cosine decay (default 0.0002)")
+    dist.add_argument("--batch", type=int, default=512, help="answer positions per step, whole sequences (default 512)")
+    dist.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    dist.add_argument("--out", required=True, help="folder of the distilled draft (a new folder)")
+    dist.set_defaults(run=run_distill)
     p.set_defaults(run=lambda args: (p.print_help(), 2)[1])
 
 
@@ -151,14 +205,100 @@ def run_data(args: argparse.Namespace) -> int:
 
 
 def run_medusa(args: argparse.Namespace) -> int:
+    from verispec.train.medusa import MedusaConfig, train_medusa
+
+    config = MedusaConfig(args.heads, args.head_size, args.epochs, args.lr, args.batch)
+    manifest = _train(args, "Medusa heads", lambda data, target, out, device, progress: train_medusa(
+        data, target, out, config, device=device, progress=progress
+    ))  # fmt: skip
+    held = manifest.info.get("heldout", {})
+    accuracy = ", ".join(f"{a:.3f}" for a in held.get("accuracy", []))
+    print(
+        f"{args.out}: {manifest.num_heads} heads for {manifest.target}, {manifest.info['steps']} steps in "
+        f"{manifest.info['seconds']:.0f} s; held-out top-1 accuracy per head {accuracy or '-'}, "
+        f"greedy chain AL {held.get('chain_al', float('nan')):.2f} over {held.get('positions', 0)} positions",
+        file=sys.stdout,
+    )
+    return 0
+
+
+def run_eagle(args: argparse.Namespace) -> int:
+    from verispec.train.eagle import EagleConfig, train_eagle
+
+    config = EagleConfig(args.head_size, args.intermediate, args.epochs, args.lr, args.batch, args.unroll)
+    manifest = _train(args, "an EAGLE head", lambda data, target, out, device, progress: train_eagle(
+        data, target, out, config, device=device, progress=progress
+    ))  # fmt: skip
+    held = manifest.info.get("heldout", {})
+    accuracy = ", ".join(f"{a:.3f}" for a in held.get("accuracy", []))
+    print(
+        f"{args.out}: EAGLE head for {manifest.target}, {manifest.info['steps']} steps in "
+        f"{manifest.info['seconds']:.0f} s; held-out agreement per depth {accuracy or '-'}, "
+        f"greedy chain AL {held.get('chain_al', float('nan')):.2f} over {held.get('positions', 0)} positions",
+        file=sys.stdout,
+    )
+    return 0
+
+
+def run_distill(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from verispec.formats.loader import load_model
     from verispec.pipeline import check_device
-    from verispec.train.medusa import MedusaConfig, train_medusa
+    from verispec.train.distill import DistillConfig, distill, read_manifest, save_folder
+    from verispec.train.index import record
 
-    config = MedusaConfig(args.heads, args.head_size, args.epochs, args.lr, args.batch)
+    config = DistillConfig(
+        args.objective, args.temperature, args.head_size, args.epochs, args.lr, args.rank, args.batch
+    )  # fmt: skip
+    device = check_device(args.device)
+    out = Path(args.out)
+    if not Path(args.data).is_dir():
+        raise ConfigError(f"--data {args.data!r} is not a folder; make it with verispec train data")
+    if out.exists() and read_manifest(out) is None:
+        raise ConfigError(f"--out {args.out!r} exists and is not a distilled draft; choose a new folder")
+    err = Console(stderr=True)
+    with err.status("loading the target and the draft (fp32)", spinner="dots"):
+        target = load_model(args.target, dtype=args.dtype or _machine_dtype(args.target), device="cpu")
+        draft = load_model(args.draft, dtype="fp32", device="cpu")
+    with Progress(
+        TextColumn("distilling the draft"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+        TextColumn("{task.fields[note]}"), TimeRemainingColumn(), console=err,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("train", total=1, note="")
+
+        def progress(stage: str, done: int, total: int, figures: dict[str, float]) -> None:
+            if stage == "train":
+                bar.update(task, completed=done, total=total, note=f"{args.objective} {figures['loss']:.4f}")
+
+        decoder, info = distill(Path(args.data), target.model, draft.model, config, device=device, progress=progress)
+    manifest = {"base": draft.name, "target": target.name, **info}
+    save_folder(decoder, draft.tokenizer, draft.vocab_size, out, manifest)
+    record(out)
+    before, after = info.get("heldout_before", {}), info.get("heldout", {})
+
+    def change(key: str) -> str:
+        return f"{before.get(key, float('nan')):.3f} -> {after.get(key, float('nan')):.3f}"
+
+    print(
+        f"{args.out}: {draft.name} distilled toward {target.name} ({args.objective}, T={args.temperature}), "
+        f"{info['steps']} steps in {info['seconds']:.0f} s; held-out acceptance {change('acceptance')}, "
+        f"greedy agreement {change('greedy_agreement')}",
+        file=sys.stdout,
+    )
+    return 0
+
+
+def _train(args: argparse.Namespace, what: str, train: Callable[..., Any]) -> Any:
+    """Load the target, then ``train(data, target, out, device, progress)`` under a progress bar
+    that prints each epoch's held-out chain AL."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from verispec.formats.loader import load_model
+    from verispec.pipeline import check_device
+
     device = check_device(args.device)
     if not Path(args.data).is_dir():
         raise ConfigError(f"--data {args.data!r} is not a folder; make it with verispec train data")
@@ -166,7 +306,7 @@ def run_medusa(args: argparse.Namespace) -> int:
     with err.status("loading the target", spinner="dots"):
         target = load_model(args.target, dtype=args.dtype or _machine_dtype(args.target), device="cpu")
     with Progress(
-        TextColumn("training Medusa heads"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+        TextColumn(f"training {what}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
         TextColumn("{task.fields[note]}"), TimeRemainingColumn(), console=err,
     ) as bar:  # fmt: skip
         task = bar.add_task("train", total=1, note="")
@@ -177,16 +317,11 @@ def run_medusa(args: argparse.Namespace) -> int:
             else:
                 bar.console.print(f"epoch {done}/{total}: held-out chain AL {figures['chain_al']:.2f}")
 
-        manifest = train_medusa(Path(args.data), target.model, Path(args.out), config, device=device, progress=progress)
-    held = manifest.info.get("heldout", {})
-    accuracy = ", ".join(f"{a:.3f}" for a in held.get("accuracy", []))
-    print(
-        f"{args.out}: {manifest.num_heads} heads for {manifest.target}, {manifest.info['steps']} steps in "
-        f"{manifest.info['seconds']:.0f} s; held-out top-1 accuracy per head {accuracy or '-'}, "
-        f"greedy chain AL {held.get('chain_al', float('nan')):.2f} over {held.get('positions', 0)} positions",
-        file=sys.stdout,
-    )
-    return 0
+        result = train(Path(args.data), target.model, Path(args.out), device, progress)
+    from verispec.train.index import record
+
+    record(args.out)  # (for verispec models list)
+    return result
 
 
 def _machine_dtype(target: str) -> Any:

@@ -61,9 +61,9 @@ class Drafter(Protocol):
     #: False only for plain decoding (:class:`~verispec.drafters.plain.PlainDrafter`): the policy
     #: then schedules no draft at all.
     proposes: ClassVar[bool]
-    #: True for drafters that draft from the target's own last hidden state (Medusa heads): the
-    #: engine then hands them, after every step, the hidden state that produced the step's last
-    #: committed token (:class:`TargetHiddenDrafter`).
+    #: True for drafters that draft from the target's own last hidden states (Medusa heads, the
+    #: EAGLE head): the engine then hands them, after the prefill and after every step, the hidden
+    #: states that produced the tokens just committed (:class:`TargetHiddenDrafter`).
     uses_target_hidden: ClassVar[bool]
     # Context tokens the last propose() had to feed before drafting (a prompt, or tokens committed
     # while speculation was off); the policy does not take such a step's time as the draft cost.
@@ -80,6 +80,9 @@ class TargetHiddenDrafter(Drafter, Protocol):
     """A drafter that reads the target's hidden states (``uses_target_hidden = True``)."""
 
     def observe_hidden(self, request_id: str, hidden: Tensor) -> None:
-        """``hidden`` ``[C]``: the target's last hidden state (after its final norm) at the position
-        whose logits gave the request's last committed token, i.e. what predicts the tokens after it."""
+        """``hidden`` ``[N, C]``: the target's last hidden states (after its final norm) at the N
+        positions whose logits gave the tokens just committed, in order: after the prefill the
+        prompt's every position (the last one gave the first token), after a step the pending
+        token's and the accepted path's (N = accepted + 1). Called after ``observe`` with those
+        tokens; ``hidden[-1]`` is what predicts the tokens after the last one."""
         ...

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -98,25 +98,27 @@ class HeadsManifest:
     head_size: int  # vocabulary ids the heads were trained to score (the first N)
     info: dict[str, Any]  # training figures (steps, loss, accuracy per head, data), for `models list`
 
-    def to_metadata(self) -> dict[str, str]:
-        return {"format": FORMAT, "manifest": json.dumps(self.__dict__)}
 
-
-def save_heads(heads: MedusaHeads, manifest: HeadsManifest, path: str | os.PathLike[str]) -> None:
-    """Write ``heads`` and ``manifest`` to ``path`` atomically (safetensors)."""
+def write_trained(module: nn.Module, format: str, manifest: str, path: str | os.PathLike[str]) -> None:
+    """Write a trained drafter's weights (fp32) and its manifest (JSON text) to ``path``
+    atomically, as safetensors with ``format`` and the manifest in the metadata."""
     from pathlib import Path
 
     from safetensors.torch import save_file
 
     from verispec.formats.files import atomic_path
 
-    tensors = {k: v.detach().float().contiguous() for k, v in heads.state_dict().items()}
+    tensors = {k: v.detach().float().contiguous() for k, v in module.state_dict().items()}
     with atomic_path(Path(path)) as tmp:
-        save_file(tensors, str(tmp), metadata=manifest.to_metadata())
+        save_file(tensors, str(tmp), metadata={"format": format, "manifest": manifest})
 
 
-def load_heads(path: str | os.PathLike[str], target: LanguageModel | None = None) -> tuple[MedusaHeads, HeadsManifest]:
-    """Heads and their manifest from ``path``; with ``target``, refuse heads trained for another model."""
+def read_trained(
+    path: str | os.PathLike[str], format: str, what: str, build: Callable[[dict[str, Any]], tuple[nn.Module, Any]]
+) -> tuple[nn.Module, Any]:
+    """A trained drafter written by :func:`write_trained`: ``build`` makes the module and the
+    manifest from the manifest's fields; the file's tensors must be exactly the module's.
+    :class:`ModelLoadError` names the file and says it is not ``what`` when it is not."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -125,20 +127,34 @@ def load_heads(path: str | os.PathLike[str], target: LanguageModel | None = None
             raise ModelLoadError(f"{str(path)!r} is {size} bytes, more than any heads file; is it the right file?")
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            if meta.get("format") != FORMAT:
-                raise ModelLoadError(
-                    f"{str(path)!r} is not a verispec Medusa heads file (train one with verispec train medusa)"
-                )
-            fields = json.loads(meta["manifest"])
-            manifest = HeadsManifest(**fields)
-            heads = MedusaHeads(int(manifest.hidden_size), int(manifest.num_heads))
+            if meta.get("format") != format:
+                raise ModelLoadError(f"{str(path)!r} is not {what}")
+            module, manifest = build(json.loads(meta["manifest"]))
             state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     except (OSError, SafetensorError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"cannot read Medusa heads from {str(path)!r}: {exc}") from exc
+        raise ModelLoadError(f"cannot read {str(path)!r} as {what}: {exc}") from exc
     try:
-        heads.load_state_dict(state, strict=True)
+        module.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        raise ModelLoadError(f"{str(path)!r} does not hold the heads its manifest describes: {exc}") from exc
+        raise ModelLoadError(f"{str(path)!r} does not hold the weights its manifest describes: {exc}") from exc
+    return module, manifest
+
+
+def save_heads(heads: MedusaHeads, manifest: HeadsManifest, path: str | os.PathLike[str]) -> None:
+    """Write ``heads`` and ``manifest`` to ``path`` atomically (safetensors)."""
+    write_trained(heads, FORMAT, json.dumps(manifest.__dict__), path)
+
+
+def load_heads(path: str | os.PathLike[str], target: LanguageModel | None = None) -> tuple[MedusaHeads, HeadsManifest]:
+    """Heads and their manifest from ``path``; with ``target``, refuse heads trained for another model."""
+
+    def build(fields: dict[str, Any]) -> tuple[nn.Module, HeadsManifest]:
+        manifest = HeadsManifest(**fields)
+        return MedusaHeads(int(manifest.hidden_size), int(manifest.num_heads)), manifest
+
+    what = "a verispec Medusa heads file (train one with verispec train medusa)"
+    heads, manifest = read_trained(path, FORMAT, what, build)
+    assert isinstance(heads, MedusaHeads) and isinstance(manifest, HeadsManifest)
     if target is not None and manifest.fingerprint != target_fingerprint(target):
         raise ConfigError(
             f"the heads in {str(path)!r} were trained for {manifest.target!r}, not this target; "
@@ -191,7 +207,7 @@ class MedusaDrafter:
 
     def observe_hidden(self, request_id: str, hidden: Tensor) -> None:
         self._get(request_id)
-        self._hidden[request_id] = hidden
+        self._hidden[request_id] = hidden[-1]  # [C]: what predicts the tokens after the last committed one
 
     def end(self, request_id: str) -> None:
         self._hidden.pop(request_id, None)

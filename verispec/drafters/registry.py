@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from verispec.drafters.base import Drafter
 from verispec.drafters.composite import CompositeDrafter
+from verispec.drafters.eagle import EagleDrafter, EagleHead
 from verispec.drafters.heads import MedusaDrafter, MedusaHeads
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
@@ -32,19 +33,26 @@ def make_drafter(
     tree_children: str = "fixed",
     datastore: Datastore | None = None,
     target_model: LanguageModel | None = None,
-    heads: MedusaHeads | None = None,
+    heads: MedusaHeads | EagleHead | None = None,
 ) -> Drafter:
     """Build the drafter ``name`` ("none" = plain decoding: a drafter that proposes nothing;
     "tree": the draft model's token trees of shape ``tree`` and children ``tree_children``;
     "retrieval": trees of continuations found in ``datastore``; "medusa": ``heads`` on
-    ``target_model``'s hidden states, a chain or the static tree ``tree``)."""
+    ``target_model``'s hidden states, a chain or the static tree ``tree``; "eagle": the EAGLE
+    head ``heads`` on them, a chain or the dynamic tree ``tree``)."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
     free = _model_free(name, ngram_min, ngram_max, datastore)
     if free is not None:
         return free
+    if name == "eagle":
+        if not isinstance(heads, EagleHead) or target_model is None:
+            raise ConfigError("the eagle drafter needs a head: pass --heads PATH (verispec train eagle writes it)")
+        return EagleDrafter(
+            target_model, heads, vocab_size=vocab_size, head_size=draft_head, tree=tree, max_len=max_len
+        )
     if name == "medusa":
-        if heads is None or target_model is None:
+        if not isinstance(heads, MedusaHeads) or target_model is None:
             raise ConfigError("the medusa drafter needs heads: pass --heads PATH (verispec train medusa writes them)")
         return MedusaDrafter(
             target_model, heads, vocab_size=vocab_size, head_size=draft_head, tree=tree.parents if tree else None

@@ -11,8 +11,8 @@ One step (ARCHITECTURE section 1), for the running batch:
 5. each request's KV cache keeps the pending token plus its accepted tokens (O(1) rollback), the
    new tokens are committed (EOS, stop strings and max_tokens may end the request inside the
    block), and the drafter and the policy observe what happened (a drafter that declares
-   ``uses_target_hidden``, Medusa heads, also gets the target's hidden state that produced each
-   request's last committed token: the same pass, no second one).
+   ``uses_target_hidden``, Medusa heads or the EAGLE head, also gets the target's hidden states
+   that produced the tokens just committed: the same pass, no second one).
 
 Plain decoding is the same loop with K = 0: the same target pass, the same ``to_probs``, the same
 rule with an empty draft, the same randomness. A request's draws come only from its own generator,
@@ -199,7 +199,7 @@ class Engine:
         try:
             for req in batch:
                 req.slot = self.cache.add_sequence()
-            last, last_hidden = self._feed_prompts(batch)  # [B, V], [B, C] | None
+            last, prompt_hidden = self._feed_prompts(batch)  # [B, V], B x [P_b, C] | None
         except VerispecError as exc:
             return [self._fail(req, exc) for req in batch]
         _, rows, _, failed = self._judge(last.unsqueeze(1), batch, self._empty_draft(len(batch)))
@@ -215,23 +215,23 @@ class Engine:
             try:
                 self.drafter.begin(req.request_id, req.tokens)
                 self.drafter.observe(req.request_id, [token])
-                if last_hidden is not None:  # what predicts the tokens after the first one
-                    cast(TargetHiddenDrafter, self.drafter).observe_hidden(req.request_id, last_hidden[i])
+                if prompt_hidden is not None:  # every prompt position (the last predicts what follows the first token)
+                    cast(TargetHiddenDrafter, self.drafter).observe_hidden(req.request_id, prompt_hidden[i])
                 outputs.append(self._commit(req, [token]))
             except Exception as exc:  # one request's failure must not take the others down
                 log.exception("request %s failed after prefill", req.request_id)
                 outputs.append(self._fail(req, exc))
         return outputs
 
-    def _feed_prompts(self, batch: list[Request]) -> tuple[Tensor, Tensor | None]:
+    def _feed_prompts(self, batch: list[Request]) -> tuple[Tensor, list[Tensor] | None]:
         """Run every prompt through the target in chunks of ``prefill_chunk`` tokens (ragged rows,
-        right-padded); return the logits ``[B, V]`` after each prompt's last token, and its hidden
-        states ``[B, C]`` when the drafter reads them (else None)."""
+        right-padded); return the logits ``[B, V]`` after each prompt's last token, and each
+        prompt's hidden states ``[P_b, C]`` when the drafter reads them (else None)."""
         device = self.target.device
         chunk = self.config.prefill_chunk
         lengths = [r.prompt_len for r in batch]
         last: list[Tensor | None] = [None] * len(batch)
-        last_hidden: list[Tensor | None] = [None] * len(batch)
+        hidden: list[list[Tensor]] = [[] for _ in batch]
         for offset in range(0, max(lengths), chunk):
             rows = [i for i, n in enumerate(lengths) if n > offset]
             pieces = [batch[i].tokens[offset : min(offset + chunk, batch[i].prompt_len)] for i in rows]
@@ -246,12 +246,12 @@ class Engine:
             out = run(tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=at)
             logits = out.logits if isinstance(out, ForwardOutput) else out  # [R, 1, V]
             for j, i in enumerate(rows):
+                if isinstance(out, ForwardOutput):
+                    hidden[i].append(out.hidden[j, : num_new[j]])  # [n, C]
                 if lengths[i] <= offset + chunk:
                     last[i] = logits[j, 0]
-                    if isinstance(out, ForwardOutput):
-                        last_hidden[i] = out.hidden[j, num_new[j] - 1]  # [C]
-        hidden = [h for h in last_hidden if h is not None]
-        return torch.stack([t for t in last if t is not None]), torch.stack(hidden) if hidden else None
+        states = [torch.cat(h) for h in hidden] if self.drafter.uses_target_hidden else None
+        return torch.stack([t for t in last if t is not None]), states
 
     # --------------------------------------------------------------------------------- decode
     def _decode(self, batch: list[Request]) -> list[RequestOutput]:
@@ -282,8 +282,9 @@ class Engine:
         for i in healthy:
             try:
                 self.drafter.observe(batch[i].request_id, rows[i])
-                if hidden is not None:  # the position whose logits gave the last committed token
-                    at = paths[i][-1] + 1 if draft.is_tree and paths[i] else accepted[i]
+                if hidden is not None:  # the positions whose logits gave the committed tokens
+                    at = [0] + ([p + 1 for p in paths[i]] if draft.is_tree else list(range(1, accepted[i] + 1)))
+                    at = at[: len(rows[i])]
                     cast(TargetHiddenDrafter, self.drafter).observe_hidden(batch[i].request_id, hidden[i, at])
                 outputs.append(self._commit(batch[i], rows[i]))
             except Exception as exc:  # one request's failure must not take the batch down

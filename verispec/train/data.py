@@ -4,15 +4,17 @@ Medusa-2 (Cai et al. 2024, §3.3) and EAGLE (Li et al. 2024) found that heads tr
 target's *own* outputs, not on a dataset's text, match it best. For each prompt the engine
 generates an answer (with speculation where a drafter is given: the output law is the target's
 either way, and the sampling settings are recorded), then one teacher-forced pass over prompt +
-answer records the target's last hidden state (after its final norm) at every position whose
-next token belongs to the answer: what a head sees at decode time, since on verispec's kernels a
-verification pass computes each token's hidden state exactly as that prefill does.
+answer records the target's last hidden state (after its final norm) at every position: what a
+head sees at decode time, since on verispec's kernels a verification pass computes each token's
+hidden state exactly as that prefill does. Medusa heads learn from the answer's positions; the
+EAGLE head also reads the prompt's, as its layer attends to the whole context.
 
 Layout of the output folder: ``shard-NNNNN.safetensors`` files, each holding for its sequences
-``tokens.I`` (``[L]`` int32: prompt + answer) and ``hidden.I`` (``[L - P + 1, C]`` bf16: the
-hidden states at positions ``P - 1 .. L - 1``, ``P`` the prompt's length), and
-``manifest.json`` (written last, atomically): the target and its fingerprint, the sampling
-settings, and per sequence its prompt index, shard, prompt length and split. The split is by
+``tokens.I`` (``[L]`` int32: prompt + answer) and ``hidden.I`` (``[L - S, C]`` bf16: the hidden
+states at positions ``S .. L - 1``; ``S = 0``, or ``P - 1`` in folders made before the prompt's
+states were kept, ``P`` the prompt's length), and ``manifest.json`` (written last, atomically):
+the target and its fingerprint, the sampling settings, and per sequence its prompt index, shard,
+prompt length, ``hidden_start`` S and split. The split is by
 prompt (a hash of its text: about one prompt in ten is held out), never by position. A run
 resumes where an interrupted one stopped: prompts already in a shard are skipped.
 """
@@ -125,9 +127,10 @@ def make_data(
             tokens = list(prompts[i]) + list(out_ids.token_ids)
             key = str(len(entries))
             tensors[f"tokens.{key}"] = torch.tensor(tokens, dtype=torch.int32)
-            tensors[f"hidden.{key}"] = teacher_forced_hidden(model, tokens, len(prompts[i]) - 1)
+            tensors[f"hidden.{key}"] = teacher_forced_hidden(model, tokens, 0)
             split = "heldout" if held_out(texts[i]) else "train"
-            entries.append({"prompt": i, "shard": shard, "key": key, "prompt_len": len(prompts[i]), "split": split})
+            entry = {"prompt": i, "shard": shard, "key": key, "prompt_len": len(prompts[i]), "hidden_start": 0}
+            entries.append({**entry, "split": split})
             if progress is not None:
                 progress(len(done) + start + len(entries), len(prompts))
         from safetensors.torch import save_file
@@ -143,11 +146,17 @@ def make_data(
 @dataclass
 class Sequences:
     """Training sequences loaded from a data folder: per sequence its tokens, prompt length and
-    the hidden states at positions ``prompt_len - 1 ..``."""
+    the hidden states at positions ``hidden_start ..`` (0, or ``prompt_len - 1`` in older folders)."""
 
     tokens: list[Tensor]
     prompt_lens: list[int]
     hidden: list[Tensor]
+    hidden_starts: list[int] = field(default_factory=list)
+
+    def answer_hidden(self, i: int) -> Tensor:
+        """Sequence ``i``'s hidden states at positions ``prompt_len - 1 ..`` (those whose next
+        token belongs to the answer)."""
+        return self.hidden[i][self.prompt_lens[i] - 1 - self.hidden_starts[i] :]
 
 
 def load_split(folder: Path, split: str) -> tuple[DataManifest, Sequences]:
@@ -155,7 +164,7 @@ def load_split(folder: Path, split: str) -> tuple[DataManifest, Sequences]:
     from safetensors import safe_open
 
     manifest = DataManifest.read(folder)
-    seqs = Sequences([], [], [])
+    seqs = Sequences([], [], [], [])
     by_shard: dict[str, list[dict[str, Any]]] = {}
     for entry in manifest.sequences:
         if entry["split"] == split:
@@ -169,6 +178,7 @@ def load_split(folder: Path, split: str) -> tuple[DataManifest, Sequences]:
                 seqs.tokens.append(f.get_tensor(f"tokens.{e['key']}").long())
                 seqs.prompt_lens.append(int(e["prompt_len"]))
                 seqs.hidden.append(f.get_tensor(f"hidden.{e['key']}"))
+                seqs.hidden_starts.append(int(e.get("hidden_start", e["prompt_len"] - 1)))
     return manifest, seqs
 
 

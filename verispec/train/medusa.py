@@ -28,6 +28,7 @@ from torch import Tensor
 from verispec.drafters.heads import HeadsManifest, MedusaHeads, load_heads, save_heads, target_fingerprint
 from verispec.errors import ConfigError
 from verispec.models.protocol import LanguageModel
+from verispec.train.checkpoint import load_optimiser, save_optimiser
 from verispec.train.data import Sequences, load_split
 
 IGNORE = -100
@@ -60,8 +61,9 @@ def positions(seqs: Sequences, num_heads: int, head_size: int) -> tuple[Tensor, 
     """Every answer position: hidden states ``[N, C]`` bf16 and labels ``[N, K]`` int64 (head
     ``k``'s token ``x_{t+1+k}``, or IGNORE past the end or outside the scored ids)."""
     hidden, labels = [], []
-    for tokens, p, h in zip(seqs.tokens, seqs.prompt_lens, seqs.hidden, strict=True):
-        n = len(tokens) - p  # answer tokens; h holds positions p - 1 .. L - 1
+    for i, (tokens, p) in enumerate(zip(seqs.tokens, seqs.prompt_lens, strict=True)):
+        n = len(tokens) - p  # answer tokens
+        h = seqs.answer_hidden(i)  # positions p - 1 .. L - 1
         if n <= 0:
             continue
         t = torch.arange(p - 1, len(tokens) - 1)  # [n]: positions whose next token is in the answer
@@ -140,7 +142,7 @@ def train_medusa(
         loaded, old = load_heads(out, target)
         if old.num_heads == config.num_heads and old.head_size == head_size:
             heads.load_state_dict(loaded.state_dict())
-            step = _load_optimiser(state_file, optimiser, heads)
+            step = load_optimiser(state_file, optimiser, heads)
             first_epoch = step // steps_per_epoch
             schedule.last_epoch = step
     info: dict[str, Any] = {"data": str(data), "positions": len(hidden), "heldout_positions": len(eval_hidden)}
@@ -165,41 +167,9 @@ def train_medusa(
             config.num_heads, target.config.hidden_size, manifest.target, manifest.fingerprint, head_size, dict(info)
         )
         save_heads(heads, manifest_out, out)
-        _save_optimiser(state_file, optimiser, heads, step)
+        save_optimiser(state_file, optimiser, heads, step)
         if progress is not None:
             progress("epoch", epoch + 1, config.epochs, {"chain_al": float(scores.get("chain_al", 0.0))})
     return HeadsManifest(
         config.num_heads, target.config.hidden_size, manifest.target, manifest.fingerprint, head_size, info
     )
-
-
-def _save_optimiser(path: Path, optimiser: torch.optim.Optimizer, heads: MedusaHeads, step: int) -> None:
-    from safetensors.torch import save_file
-
-    from verispec.formats.files import atomic_path
-
-    names = {id(p): n for n, p in heads.named_parameters()}
-    tensors = {}
-    for group in optimiser.param_groups:
-        for p in group["params"]:
-            st = optimiser.state.get(p, {})
-            for key in ("exp_avg", "exp_avg_sq"):
-                if key in st:
-                    tensors[f"{names[id(p)]}.{key}"] = st[key].detach().cpu().contiguous()
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"step": str(step)})
-
-
-def _load_optimiser(path: Path, optimiser: torch.optim.Optimizer, heads: MedusaHeads) -> int:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        step = int((f.metadata() or {}).get("step", "0"))
-        for name, p in heads.named_parameters():
-            if f"{name}.exp_avg" in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
-                optimiser.state[p] = {
-                    "step": torch.tensor(float(step)),
-                    "exp_avg": f.get_tensor(f"{name}.exp_avg").to(p.device),
-                    "exp_avg_sq": f.get_tensor(f"{name}.exp_avg_sq").to(p.device),
-                }
-    return step
