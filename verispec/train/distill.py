@@ -232,7 +232,10 @@ def distill(
 ) -> tuple[Decoder, dict[str, Any]]:
     """Fine-tune ``draft`` (loaded in fp32) toward ``target`` on ``data``; returns the merged decoder
     and the figures (held-out before and after, steps, seconds)."""
-    from peft import LoraConfig, get_peft_model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise ConfigError("verispec train distill needs peft: pip install 'verispec[train]'") from exc
 
     manifest, train = load_split(data, "train")
     _, heldout = load_split(data, "heldout")
