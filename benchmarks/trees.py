@@ -17,6 +17,8 @@ own engine and caches:
     medusa:HEADS     Medusa heads (verispec train medusa): a chain of every head's top token
     medusa-tree:HEADS  the same heads, a static tree of their candidates (MEDUSA_TREE)
     medusa-auto:HEADS  the same heads, a tree planned per step (--tree auto)
+    draft:PATH[@DTYPE]  another draft model (e.g. a verispec train distill folder, or the default
+                     draft's name to compare in the same precision; default int8), K per step
     eagle:HEAD       an EAGLE head (verispec train eagle): chains, K per step from measured costs
     eagle-K:HEAD     the same head, chains of K (e.g. eagle-4:eagle.safetensors)
     eagle-tree:HEAD:D,E,B,N  the same head, EAGLE-2 dynamic trees of that shape
@@ -89,6 +91,15 @@ def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engin
         draft_head=draft_head,
         keep_ids=tuple(target.tokenizer.eos_token_ids),
     )
+    if kind == "draft":
+        from verispec.formats.loader import load_model
+
+        path, _, precision = arg.partition("@")
+        other = load_model(path, dtype=precision or "int8")  # type: ignore[arg-type]
+        drafter = make_drafter("model", **(common | {"draft_model": other.model}))  # type: ignore[arg-type]
+        config = EngineConfig(max_batch=1, max_len=4000, num_draft_tokens=None)
+        policy = make_policy(config, speculative=True, costs=measured_costs(target))
+        return Engine(target.model, target.tokenizer, drafter, config, vocab_limit=target.vocab_size, policy=policy)
     if kind.startswith("eagle"):
         path, _, tree_arg = arg.partition(":")
         head, _ = load_eagle(path, target.model)
@@ -212,9 +223,9 @@ def main() -> None:
                 r = per[name][-1]
                 print(f"{set_name} {i + 1}/{len(texts)} {name}: {r['tok_s']:.2f} tok/s AL {r['al']:.2f}", flush=True)
         results[set_name] = {}
-        print(f"\n### {set_name}\n\n| configuration | median tok/s | speedup vs plain | AL | nodes/step | == plain "
-              "| acceptance by child rank |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+        print(f"\n### {set_name}\n\n| configuration | median tok/s | speedup vs plain | AL | accepted/drafted "
+              "| nodes/step | == plain | acceptance by child rank |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
         for name, rows in per.items():
             speedups = [r["tok_s"] / p["tok_s"] for r, p in zip(rows, per["plain"], strict=True)]
             same = sum(r["tokens"] == p["tokens"] for r, p in zip(rows, per["plain"], strict=True))
@@ -227,14 +238,15 @@ def main() -> None:
                 "speedup": statistics.median(speedups),
                 "al": statistics.mean(r["al"] for r in rows),
                 "nodes": statistics.mean(r["nodes"] for r in rows),
+                "acceptance_rate": merged.num_accepted_tokens / max(1, merged.num_draft_tokens),
                 "equal": equal,
                 "positional_acceptance": merged.positional_acceptance,
                 "rank_reached": merged.rank_reached,
             }
             results[set_name][name] = [row]
             ranks = ",".join(f"{p:.3f}" for p in merged.positional_acceptance[:6]) or "-"
-            print(f"| {name} | {row['tok_s']:.2f} | {row['speedup']:.2f}x | {row['al']:.2f} | {row['nodes']:.1f} | "
-                  f"{equal} | {ranks} |")  # fmt: skip
+            print(f"| {name} | {row['tok_s']:.2f} | {row['speedup']:.2f}x | {row['al']:.2f} | "
+                  f"{row['acceptance_rate']:.3f} | {row['nodes']:.1f} | {equal} | {ranks} |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu_model(), "args": vars(args) | {"json": str(args.json)},
                                          "results": results}, indent=2))  # fmt: skip

@@ -1,7 +1,9 @@
 """``verispec train``: train drafters on this machine (see DESCRIPTION below).
 
 ``train data`` makes self-distillation data (:mod:`verispec.train.data`); ``train medusa`` trains
-Medusa heads on it (:mod:`verispec.train.medusa`). Both show progress and resume an interrupted run.
+Medusa heads on it (:mod:`verispec.train.medusa`), ``train eagle`` an EAGLE head
+(:mod:`verispec.train.eagle`), ``train distill`` fine-tunes the draft model
+(:mod:`verispec.train.distill`). They show progress; data, Medusa and EAGLE resume an interrupted run.
 """
 
 from __future__ import annotations
@@ -18,25 +20,27 @@ from verispec.names import PRECISIONS
 
 DESCRIPTION = """\
 Train a drafter for a target model on this machine, from the target's own generations
-(self-distillation: Medusa-2, EAGLE). Two steps:
+(self-distillation: Medusa-2, EAGLE, DistillSpec). Data first, then any of three drafters:
 
-  verispec train data   --prompts humaneval,chat --num-prompts 200 --out data/     (generate, record hidden states)
-  verispec train medusa --data data/ --out heads.safetensors                     (train heads on them)
-  verispec generate "def f(x):" --drafter medusa --heads heads.safetensors         (use them)
+  verispec train data    --prompts humaneval,chat --num-prompts 200 --out data/   (generate, record hidden states)
+  verispec train medusa  --data data/ --out heads.safetensors                    (Medusa heads)
+  verispec train eagle   --data data/ --out eagle.safetensors                    (an EAGLE head)
+  verispec train distill --data data/ --out distilled/                           (the draft model, fine-tuned)
+  verispec generate "def f(x):" --drafter medusa --heads heads.safetensors        (use them; --drafter eagle,
+  verispec generate "def f(x):" --draft distilled/                                 or the distilled draft)
 
 Measured on a 2-core AMD EPYC (Zen 5) for the default 1.5B target in int4: data 24 min for 212
 prompts of up to 192 answer tokens (6.8 s a prompt: generation with speculation, then one
 teacher-forced pass; 3.4 GB peak memory); Medusa training 11.6 min for 3 epochs of 125 steps of
-256 positions with 4 heads scoring 32768 ids (1.8 s a step; 3.6 GB peak).
+256 positions with 4 heads scoring 32768 ids (1.8 s a step; 3.6 GB peak); EAGLE_TIMES
 About one prompt in ten (by a hash of its text) is held out: the figures printed after each
-epoch (each head's top-1 accuracy, the accepted length a greedy chain of the heads reaches) are
-measured on prompts the heads never saw."""
+epoch are measured on prompts the drafter never saw."""
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "train",
-        help="train drafters on this machine: self-distillation data, Medusa heads",
+        help="train drafters on this machine: self-distillation data, Medusa heads, an EAGLE head, a distilled draft",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -45,7 +49,7 @@ def register(subparsers: Any) -> None:
         "data",
         help="generate the target's answers to prompts and record its hidden states (resumable)",
         description="Generate the target's answers to the prompts (speculative decoding, the target's law either "
-        "way) and record its last hidden state at every answer position, in shards (resumable).",
+        "way) and record its last hidden state at every position, in shards (resumable).",
     )
     from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -108,7 +112,7 @@ def register(subparsers: Any) -> None:
         "--intermediate", type=int, default=None, help="the head's MLP width (default 2 x the target's hidden size)"
     )
     eagle.add_argument("--epochs", type=int, default=3, help="passes over the data (default 3)")
-    eagle.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate, cosine decay (default 0.0005)")
+    eagle.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate, cosine decay (default 0.001)")
     eagle.add_argument("--batch", type=int, default=1024, help="token pairs per step, whole sequences (default 1024)")
     eagle.add_argument("--unroll", type=int, default=3, help="drafting depths unrolled in training, 1..8 (default 3)")
     eagle.add_argument("--device", default="cpu", help="cpu (default) or cuda")

@@ -103,6 +103,19 @@ class EagleHead(nn.Module):
         inv_freq = shape.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)  # [D / 2]
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    @torch.no_grad()
+    def start_as_identity(self) -> EagleHead:
+        """Start training from the head that predicts ``f^_{t+1} = f_t``: ``fc`` passes the feature
+        through and both residual branches output zero (so at first the head drafts what the LM
+        head says after ``x_t``, as Medusa's heads start; training learns the step ahead)."""
+        c = self.shape.hidden_size
+        self.fc.weight.zero_()
+        self.fc.weight[:, c:] = torch.eye(c)
+        self.fc.bias.zero_()
+        self.o.weight.zero_()
+        self.down.weight.zero_()
+        return self
+
     def fuse(self, features: Tensor, embeds: Tensor) -> Tensor:
         """``[T, C]`` features and embeddings -> the layer's input ``[T, C]``."""
         fused: Tensor = self.fc(torch.cat([embeds, features], dim=-1))
