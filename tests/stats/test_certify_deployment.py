@@ -38,7 +38,8 @@ def arms():  # type: ignore[no-untyped-def]
 
 def test_speculative_decoding_passes_and_says_what_it_could_detect(arms) -> None:  # type: ignore[no-untyped-def]
     plain, spec = arms
-    report = certify_arms(engine_arm(plain, 64), engine_arm(spec(), 64), PROMPTS, PARAMS, samples=1000, tokens=2, lookahead=4)
+    arms_ = (engine_arm(plain, 64), engine_arm(spec(), 64))
+    report = certify_arms(*arms_, PROMPTS, PARAMS, samples=1000, tokens=2, lookahead=4)
     assert report.passed, report.to_dict()
     assert 0.0 < report.detectable_tv < 0.3
     out = report.to_dict()
