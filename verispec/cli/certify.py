@@ -28,6 +28,11 @@ With --engine, the whole engine is certified instead (drafter model, ngram or co
 number or auto, the sampling grid, --draft-vocab, --device): requests go through the same
 Engine that `verispec generate` and `verispec serve` use, on a tiny target/draft transformer pair
 built in code whose exact law is computable (real vocabularies have too many outcomes).
+With --target, a real deployment is certified by two samples: for each prompt, N continuations
+from plain decoding and N from speculative decoding of the real models, a two-sample test of
+the first --tokens tokens, one decision over the prompts (Holm), the TV between the arms with a
+bootstrap interval, and the smallest TV the run could detect (power 0.8): a pass bounds the
+difference at that level and no lower.
 Exit status: 0 when every verdict is as expected, 1 otherwise, 2 on bad input."""
 
 EPILOG = """\
@@ -37,7 +42,8 @@ examples:
   verispec certify --rule typical --allow-lossy --temperature 0,1   # lossy: fails at T > 0
   verispec certify --drafter point-mass --json > certificate.json
   verispec certify --engine --drafter composite --k 2,auto --temperature 0.8 --top-p 0.9 --samples 8000
-  verispec certify --engine --device cuda --negative-controls"""
+  verispec certify --engine --device cuda --negative-controls
+  verispec certify --target qwen2.5-coder-1.5b-instruct --samples 1000 --tokens 3   (this machine's deployment)"""
 
 
 def _list(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
@@ -152,8 +158,32 @@ def register(sub: Any) -> None:
         help="test the first K + this many tokens (>= 1 so that bonus tokens are observed; the engine "
         "needs >= 2: the prefill's token, a full draft and its bonus; default 2)",
     )  # fmt: skip
-    p.add_argument("--samples", type=int, default=40_000, help="sequences generated per case (default 40000)")
-    p.add_argument("--alpha", type=float, default=1e-6, help="significance level of each test (default 1e-6)")
+    p.add_argument(
+        "--samples", type=int, default=None,
+        help="sequences generated per case (default 40000); with --target, per arm and prompt (default 1000)",
+    )  # fmt: skip
+    p.add_argument(
+        "--alpha", type=float, default=None,
+        help="significance level of each test (default 1e-6); with --target, of the whole run (default 0.01)",
+    )  # fmt: skip
+    real = p.add_argument_group(
+        "a real deployment (--target): plain against speculative decoding of real models, by two samples"
+    )
+    from verispec.formats.loader import DEFAULT_DRAFT
+
+    real.add_argument("--target", default=None, help="target model: certify this deployment instead of toy models")
+    real.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default {DEFAULT_DRAFT})")
+    real.add_argument("--dtype", default=None, help="target precision (default: this machine's)")
+    real.add_argument(
+        "--prompts", default="certify",
+        help="prompt set, or a file of one prompt per line (default certify: prompts whose first tokens are "
+        "nearly determined, which gives the test its power)",
+    )  # fmt: skip
+    real.add_argument("--tokens", type=int, default=3, help="tokens of each continuation tested (default 3)")
+    real.add_argument("--batch", type=int, default=16, help="requests sampled together (default 16)")
+    real.add_argument(
+        "--combine", default="holm", choices=["holm", "fisher"], help="how prompts combine (default holm)"
+    )
     p.add_argument("--vocab-size", type=int, default=4, help="vocabulary of the toy models (default 4)")
     p.add_argument("--order", type=int, default=1, help="Markov order of the toy models (default 1)")
     p.add_argument(
@@ -180,6 +210,10 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from verispec.certify.core import grid, negative_controls
 
+    if args.target is not None:
+        return run_deployment(args)
+    args.samples = 40_000 if args.samples is None else args.samples
+    args.alpha = 1e-6 if args.alpha is None else args.alpha
     if args.samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {args.samples}")
     if args.vocab_size < 2:
@@ -210,6 +244,103 @@ def run(args: argparse.Namespace) -> int:
     if args.negative_controls:
         cases += negative_controls(args.k[0])
     return report(args, cases)
+
+
+def run_deployment(args: argparse.Namespace) -> int:
+    """``verispec certify --target X``: two-sample certification of plain against speculative
+    decoding of real models (:mod:`verispec.certify.deployment`)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from verispec.certify.deployment import CERTIFY_PROMPTS, certify_arms, engine_arm
+    from verispec.config import EngineConfig
+    from verispec.engine import Engine
+    from verispec.pipeline import build, check_device, machine_defaults
+
+    samples = 1000 if args.samples is None else args.samples
+    alpha = 0.01 if args.alpha is None else args.alpha
+    # the toy grid's defaults become one deployment's: K from the measured policy, T = 1, no top-p
+    args.k = [None] if args.k == [1, 2, 4] else args.k
+    args.temperature = args.temperature[:1] if args.temperature == [1.0, 0.7] else args.temperature
+    args.top_p = args.top_p[:1] if args.top_p == [1.0, 0.9] else args.top_p
+    grid_values = (args.k, args.temperature, args.top_k, args.top_p, args.min_p)
+    if any(len(v) > 1 for v in grid_values):
+        raise ConfigError("with --target, give one value each of --k, --temperature, --top-k, --top-p and --min-p")
+    if args.drafter not in ("model", "ngram", "composite", "suffix"):
+        raise ConfigError("with --target, --drafter is model, ngram, composite or suffix")
+    if args.batch < 1 or not 0.0 < alpha < 1.0:
+        raise ConfigError("--batch must be >= 1 and --alpha in (0, 1)")
+    device = check_device(args.device)
+    draft = args.draft if args.drafter in ("model", "composite") else None
+    picked = machine_defaults(args.target, draft, device)
+    dtype = args.dtype or picked.dtype
+    params = SamplingParams(
+        temperature=args.temperature[0], top_k=args.top_k[0], top_p=args.top_p[0], min_p=args.min_p[0],
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+    )  # fmt: skip
+    err = Console(stderr=True)
+    with err.status("loading models", spinner="dots"):
+        pipe = build(
+            args.target, draft, drafter=args.drafter, k=args.k[0], dtype=dtype,
+            draft_dtype=picked.draft_dtype if args.dtype is None else None,
+            draft_head=picked.draft_head if args.dtype is None else args.draft_vocab,
+            device=device, max_batch=args.batch, max_len=1024,
+        )  # fmt: skip
+    plain = Engine(
+        pipe.target.model, pipe.target.tokenizer, None, EngineConfig(max_batch=args.batch, max_len=1024),
+        vocab_limit=pipe.target.vocab_size,
+    )  # fmt: skip
+    texts = list(CERTIFY_PROMPTS) if args.prompts == "certify" else _prompt_texts(args.prompts)
+    prompts = [(t, pipe.target.tokenizer.encode(t)) for t in texts]
+    from rich.progress import Progress
+
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task(f"sampling {samples} + {samples} continuations per prompt", total=len(prompts))
+        report = certify_arms(
+            engine_arm(plain, args.batch), engine_arm(pipe.engine, args.batch), prompts, params, samples=samples,
+            tokens=args.tokens, alpha=alpha, method=args.combine, seed=args.seed,
+            progress=lambda done, total: bar.update(task, completed=done),
+        )  # fmt: skip
+    out = report.to_dict() | {"target": pipe.target.name, "drafter": args.drafter, "draft": draft}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0 if report.passed else 1
+    table = Table(title=f"{pipe.target.name}: plain vs speculative ({args.drafter}), {samples} per arm, "
+                        f"first {args.tokens} tokens")  # fmt: skip
+    for col in ("prompt", "outcomes", "p", "TV [95% CI]", "detectable TV", "s"):
+        table.add_column(col, justify="left" if col == "prompt" else "right")
+    for p in report.prompts:
+        r = p.result
+        table.add_row(
+            repr(p.prompt[:40]), str(p.distinct), f"{r.p_value:.3g}",
+            f"{r.tv:.3f} [{r.tv_interval[0]:.3f}, {r.tv_interval[1]:.3f}]", f"{r.detectable_tv:.3f}",
+            f"{p.seconds:.0f}",
+        )  # fmt: skip
+    Console().print(table)
+    verdict = "[green]pass[/]" if report.passed else "[bold red]FAIL[/]"
+    Console().print(
+        f"{verdict}: combined p = {report.p_value:.3g} ({args.combine}) at alpha {alpha:g}. A pass bounds the "
+        f"difference only at the detectable TV (best prompt {report.detectable_tv:.3f}); smaller differences "
+        "are not excluded."
+    )
+    return 0 if report.passed else 1
+
+
+def _prompt_texts(spec: str) -> list[str]:
+    from pathlib import Path
+
+    from verispec.bench.prompts import SET_NAMES, prompt_set
+
+    if spec in SET_NAMES:
+        return list(prompt_set(spec))[:8]
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(f"--prompts {spec!r} is neither certify, a prompt set ({', '.join(SET_NAMES)}) nor a file")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ConfigError(f"--prompts {spec!r} holds no prompt")
+    return lines
 
 
 def run_trees(args: argparse.Namespace) -> int:

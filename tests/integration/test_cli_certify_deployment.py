@@ -1,0 +1,62 @@
+"""``verispec certify --target``: a real deployment (tiny GGUF models written in the test) is
+certified by two samples, with the report's figures in JSON and a one-line error on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.unit.tiny_gguf import TinySpec, write_tiny
+from verispec.cli import main
+
+
+def run(*argv: str) -> int:
+    try:
+        return main(list(argv))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("certify")
+    target, draft = root / "target.gguf", root / "draft.gguf"
+    write_tiny(target, TinySpec(seed=1))
+    write_tiny(draft, TinySpec(seed=2))
+    prompts = root / "prompts.txt"
+    prompts.write_text("hello 1 world\nhello 2\n")
+    return {"target": target, "draft": draft, "prompts": prompts}
+
+
+def test_a_deployment_is_certified_by_two_samples(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    args = ["certify", "--target", str(models["target"]), "--draft", str(models["draft"]), "--dtype", "fp32",
+            "--prompts", str(models["prompts"]), "--samples", "150", "--tokens", "2", "--k", "2", "--json"]  # fmt: skip
+    assert run(*args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] and out["samples_per_arm"] == 150 and len(out["prompts"]) == 2
+    first = out["prompts"][0]
+    assert 0.0 <= first["p_value"] <= 1.0 and 0.0 < first["detectable_tv"] <= 1.0 and first["n_a"] == 150
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--temperature", "0.5,1"], "one value each"),
+        (["--temperature", "0"], "temperature > 0"),
+        (["--drafter", "tree"], "--drafter is model"),
+        (["--prompts", "/no/such/file"], "neither certify"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    models: dict[str, Path], extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["certify", "--target", str(models["target"]), "--draft", str(models["draft"]), "--dtype", "fp32",
+            "--samples", "10", *extra]  # fmt: skip
+    assert run(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
