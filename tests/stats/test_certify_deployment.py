@@ -43,7 +43,7 @@ def test_speculative_decoding_passes_and_says_what_it_could_detect(arms) -> None
     assert report.passed, report.to_dict()
     assert 0.0 < report.detectable_tv < 0.3
     out = report.to_dict()
-    assert out["samples_per_arm"] == 1500 and len(out["prompts"]) == 2 and out["prompts"][0]["distinct"] > 1
+    assert out["samples_per_arm"] == 1000 and len(out["prompts"]) == 2 and out["prompts"][0]["distinct"] > 1
 
 
 @pytest.mark.parametrize("broken", ["always-accept", "temperature-twice"])
@@ -54,8 +54,8 @@ def test_broken_deployments_are_caught(arms, broken: str) -> None:  # type: igno
     else:  # the speculative server applies the temperature twice: T = 0.7 becomes 0.49
         inner = engine_arm(spec(), 64)
 
-        def arm(prompt, params, n, seed):  # type: ignore[no-untyped-def]
-            return inner(prompt, replace(params, temperature=params.temperature**2), n, seed)
+        def arm(text, prompt, params, n, seed):  # type: ignore[no-untyped-def]
+            return inner(text, prompt, replace(params, temperature=params.temperature**2), n, seed)
 
     params = replace(PARAMS, temperature=0.7)
     report = certify_arms(engine_arm(plain, 64), arm, PROMPTS, params, samples=1000, tokens=2, lookahead=4)

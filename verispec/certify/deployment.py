@@ -24,8 +24,8 @@ from verispec.certify.twosample import TwoSampleResult, combine, two_sample_test
 from verispec.config import SamplingParams
 from verispec.errors import ConfigError
 
-#: (prompt ids, params with max_tokens, number of samples, first seed) -> continuations
-Arm = Callable[[Sequence[int], SamplingParams, int, int], list[tuple[int, ...]]]
+#: (prompt text, prompt ids, params with max_tokens, number of samples, first seed) -> continuations
+Arm = Callable[[str, Sequence[int], SamplingParams, int, int], list[tuple[int, ...]]]
 Progress = Callable[[int, int], None]
 
 #: Prompts whose first tokens are nearly determined (code and fixed phrases): the default set.
@@ -43,7 +43,7 @@ def engine_arm(engine: Any, batch: int = 32) -> Arm:
     """An arm that samples through a verispec :class:`~verispec.engine.Engine` (``batch`` requests
     at a time; request ``i`` has seed ``seed + i``)."""
 
-    def sample(prompt: Sequence[int], params: SamplingParams, n: int, seed: int) -> list[tuple[int, ...]]:
+    def sample(text: str, prompt: Sequence[int], params: SamplingParams, n: int, seed: int) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = []
         for start in range(0, n, batch):
             count = min(batch, n - start)
@@ -128,8 +128,8 @@ def certify_arms(
     for i, (text, ids) in enumerate(prompts):
         start = time.perf_counter()
         base_seed = seed * 1_000_003 + i * 4 * samples
-        a = [c[:tokens] for c in baseline(ids, params, samples, base_seed)]
-        b = [c[:tokens] for c in speculative(ids, params, samples, base_seed + 2 * samples)]  # (disjoint seeds)
+        a = [c[:tokens] for c in baseline(text, ids, params, samples, base_seed)]
+        b = [c[:tokens] for c in speculative(text, ids, params, samples, base_seed + 2 * samples)]  # (disjoint seeds)
         result = two_sample_test(a, b, alpha=alpha / max(1, len(prompts)), seed=seed + i)
         report.prompts.append(PromptResult(text, result, len(set(a) | set(b)), time.perf_counter() - start))
         if progress is not None:

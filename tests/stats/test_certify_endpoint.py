@@ -1,0 +1,117 @@
+"""Two-sample certification against OpenAI-compatible endpoints, on fake servers (httpx mock
+transports: no sockets, no downloads). A faithful speculative server passes against a faithful
+plain one; three deliberately broken ones are caught at the N the test uses (a biased residual, a
+bonus token taken from the draft, the temperature applied twice); the client retries 429/503,
+refuses malformed answers, and never sends more requests than it was allowed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import numpy as np
+import pytest
+
+from verispec.certify.deployment import certify_arms
+from verispec.certify.endpoint import EndpointError, endpoint_arm
+from verispec.config import SamplingParams
+
+LETTERS = "abcdef"
+# a Markov chain over six letters (the "target"), and a nearby one (the "draft")
+TARGET = np.array([[0.5, 0.2, 0.1, 0.1, 0.05, 0.05]] * 6) + np.eye(6) * 0.3
+TARGET /= TARGET.sum(1, keepdims=True)
+DRAFT = np.roll(TARGET, 1, axis=1) * 0.5 + TARGET * 0.5
+
+
+def law(matrix: np.ndarray, prev: int, temperature: float) -> np.ndarray:
+    logits = np.log(matrix[prev]) / temperature
+    p = np.exp(logits - logits.max())
+    return p / p.sum()
+
+
+def sampler(broken: str | None) -> Callable[[np.random.Generator, float, int], str]:
+    """One continuation of ``n`` letters from the target's law, or as a broken server draws it."""
+
+    def draw(rng: np.random.Generator, temperature: float, n: int) -> str:
+        prev, out = 0, []
+        for pos in range(n):
+            p = law(TARGET, prev, temperature)
+            if pos == 1 and broken == "bonus-from-draft":
+                p = law(DRAFT, prev, temperature)
+            elif pos == 1 and broken == "biased-residual" and rng.random() < 0.3:  # residual = the draft's law
+                p = law(DRAFT, prev, temperature)
+            elif broken == "temperature-twice":
+                p = law(TARGET, prev, temperature**2)
+            prev = int(rng.choice(6, p=p))
+            out.append(LETTERS[prev])
+        return "".join(out)
+
+    return draw
+
+
+def fake_server(broken: str | None = None, *, busy: int = 0, reply: dict | None = None) -> httpx.Client:
+    state = {"busy": busy, "requests": 0}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        state["requests"] += 1
+        if request.url.path != "/v1/completions":
+            return httpx.Response(404, json={"error": {"message": "no such route"}})
+        if state["busy"] > 0:
+            state["busy"] -= 1
+            return httpx.Response(429, json={"error": {"message": "slow down"}})
+        if reply is not None:
+            return httpx.Response(200, json=reply)
+        body = json.loads(request.content)
+        rng = np.random.default_rng(body["seed"])
+        draw = sampler(broken)
+        texts = [draw(rng, body["temperature"], body["max_tokens"]) for _ in range(body["n"])]
+        return httpx.Response(200, json={"choices": [{"index": i, "text": t} for i, t in enumerate(texts)]})
+
+    client = httpx.Client(transport=httpx.MockTransport(handle))
+    client.state = state  # type: ignore[attr-defined]
+    return client
+
+
+def decode(text: str) -> list[int]:
+    return [LETTERS.index(c) for c in text]
+
+
+def arm(client: httpx.Client, **kw):  # type: ignore[no-untyped-def]
+    return endpoint_arm("http://fake:8000/v1", "m", decode, client=client, backoff=0.0, **kw)
+
+
+PROMPTS = [("p", [0])]
+N = 3000
+
+
+def test_a_faithful_speculative_server_passes() -> None:
+    report = certify_arms(arm(fake_server()), arm(fake_server()), PROMPTS, SamplingParams(temperature=0.8),
+                          samples=N, tokens=2, lookahead=0)  # fmt: skip
+    assert report.passed and report.detectable_tv < 0.1
+
+
+@pytest.mark.parametrize("broken", ["biased-residual", "bonus-from-draft", "temperature-twice"])
+def test_broken_speculative_servers_are_caught(broken: str) -> None:
+    report = certify_arms(arm(fake_server()), arm(fake_server(broken)), PROMPTS, SamplingParams(temperature=0.8),
+                          samples=N, tokens=2, lookahead=0)  # fmt: skip
+    assert not report.passed, (broken, report.to_dict())
+
+
+def test_busy_servers_are_retried_and_requests_are_bounded() -> None:
+    client = fake_server(busy=2)
+    out = arm(client, per_request=10)("p", [0], SamplingParams(temperature=1.0, max_tokens=2), 20, 0)
+    assert len(out) == 20 and client.state["requests"] == 4  # type: ignore[attr-defined]  (2 refusals + 2 answers)
+    with pytest.raises(EndpointError, match="more than 3 requests"):
+        arm(fake_server(), per_request=1, max_requests=3)("p", [0], SamplingParams(temperature=1.0, max_tokens=2), 5, 0)
+    with pytest.raises(EndpointError, match="429"):
+        arm(fake_server(busy=10), retries=2)("p", [0], SamplingParams(temperature=1.0, max_tokens=2), 2, 0)
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [({"choices": []}, "got 0"), ({"choices": [{"text": 3}]}, "without text"), ({"nope": 1}, "got no")],
+)
+def test_malformed_answers_are_errors_not_samples(reply: dict, message: str) -> None:
+    with pytest.raises(EndpointError, match=message):
+        arm(fake_server(reply=reply), per_request=1)("p", [0], SamplingParams(temperature=1.0, max_tokens=2), 1, 0)
