@@ -60,3 +60,58 @@ def test_bad_input_is_one_line_and_exit_2(
     assert run(*args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.fixture
+def servers():  # type: ignore[no-untyped-def]
+    """Two fake OpenAI-compatible servers on real sockets: a faithful one and one that applies the
+    temperature twice (:mod:`tests.stats.test_certify_endpoint`'s laws)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import numpy as np
+
+    from tests.stats.test_certify_endpoint import sampler
+
+    def make(broken: str | None) -> ThreadingHTTPServer:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                rng = np.random.default_rng(body["seed"])
+                draw = sampler(broken)
+                texts = [draw(rng, body["temperature"], body["max_tokens"]) for _ in range(body["n"])]
+                data = json.dumps({"choices": [{"index": i, "text": t} for i, t in enumerate(texts)]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    running = {name: make(broken) for name, broken in (("plain", None), ("spec", None), ("bad", "temperature-twice"))}
+    yield {name: f"http://127.0.0.1:{s.server_address[1]}/v1" for name, s in running.items()}
+    for s in running.values():
+        s.shutdown()
+
+
+@pytest.mark.parametrize(("spec", "status"), [("spec", 0), ("bad", 1)])
+def test_two_endpoints_are_certified(
+    servers: dict[str, str], models: dict[str, Path], spec: str, status: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["certify", "--endpoint-baseline", servers["plain"], "--endpoint-spec", servers[spec], "--model", "m",
+            "--tokenizer", str(models["target"]), "--prompts", str(models["prompts"]), "--samples", "1500",
+            "--tokens", "2", "--temperature", "0.8", "--json"]  # fmt: skip
+    assert run(*args) == status
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] is (status == 0) and out["tokenizer"] == str(models["target"])
+
+
+def test_endpoints_need_a_model_and_a_tokenizer(servers: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("certify", "--endpoint-baseline", servers["plain"], "--endpoint-spec", servers["spec"]) == 2
+    assert "--tokenizer" in capsys.readouterr().err

@@ -184,6 +184,20 @@ def register(sub: Any) -> None:
     real.add_argument(
         "--combine", default="holm", choices=["holm", "fisher"], help="how prompts combine (default holm)"
     )
+    ends = p.add_argument_group(
+        "two deployments behind OpenAI-compatible APIs (vLLM, SGLang, llama-server, verispec serve)"
+    )
+    ends.add_argument("--endpoint-baseline", default=None, metavar="URL", help="the plain deployment")
+    ends.add_argument("--endpoint-spec", default=None, metavar="URL", help="the speculative deployment")
+    ends.add_argument("--model", default=None, help="the model name the endpoints serve (their /v1/models id)")
+    ends.add_argument(
+        "--tokenizer", default=None,
+        help="whose tokenizer turns the returned text into tokens (a model name, .gguf or folder; required)",
+    )  # fmt: skip
+    ends.add_argument("--api-key", default=None, help="bearer token for both endpoints")
+    ends.add_argument(
+        "--max-requests", type=int, default=10_000, help="requests to each endpoint at most (default 10000)"
+    )
     p.add_argument("--vocab-size", type=int, default=4, help="vocabulary of the toy models (default 4)")
     p.add_argument("--order", type=int, default=1, help="Markov order of the toy models (default 1)")
     p.add_argument(
@@ -210,6 +224,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from verispec.certify.core import grid, negative_controls
 
+    if args.endpoint_baseline is not None or args.endpoint_spec is not None:
+        return run_deployment(args, endpoints=True)
     if args.target is not None:
         return run_deployment(args)
     args.samples = 40_000 if args.samples is None else args.samples
@@ -246,16 +262,14 @@ def run(args: argparse.Namespace) -> int:
     return report(args, cases)
 
 
-def run_deployment(args: argparse.Namespace) -> int:
+def run_deployment(args: argparse.Namespace, endpoints: bool = False) -> int:
     """``verispec certify --target X``: two-sample certification of plain against speculative
-    decoding of real models (:mod:`verispec.certify.deployment`)."""
+    decoding of real models (:mod:`verispec.certify.deployment`); with ``endpoints``, of two
+    OpenAI-compatible deployments (:mod:`verispec.certify.endpoint`)."""
     from rich.console import Console
     from rich.table import Table
 
-    from verispec.certify.deployment import CERTIFY_PROMPTS, certify_arms, engine_arm
-    from verispec.config import EngineConfig
-    from verispec.engine import Engine
-    from verispec.pipeline import build, check_device, machine_defaults
+    from verispec.certify.deployment import CERTIFY_PROMPTS, certify_arms
 
     samples = 1000 if args.samples is None else args.samples
     alpha = 0.01 if args.alpha is None else args.alpha
@@ -270,44 +284,34 @@ def run_deployment(args: argparse.Namespace) -> int:
         raise ConfigError("with --target, --drafter is model, ngram, composite or suffix")
     if args.batch < 1 or not 0.0 < alpha < 1.0:
         raise ConfigError("--batch must be >= 1 and --alpha in (0, 1)")
-    device = check_device(args.device)
-    draft = args.draft if args.drafter in ("model", "composite") else None
-    picked = machine_defaults(args.target, draft, device)
-    dtype = args.dtype or picked.dtype
     params = SamplingParams(
         temperature=args.temperature[0], top_k=args.top_k[0], top_p=args.top_p[0], min_p=args.min_p[0],
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
     )  # fmt: skip
     err = Console(stderr=True)
-    with err.status("loading models", spinner="dots"):
-        pipe = build(
-            args.target, draft, drafter=args.drafter, k=args.k[0], dtype=dtype,
-            draft_dtype=picked.draft_dtype if args.dtype is None else None,
-            draft_head=picked.draft_head if args.dtype is None else args.draft_vocab,
-            device=device, max_batch=args.batch, max_len=1024,
-        )  # fmt: skip
-    plain = Engine(
-        pipe.target.model, pipe.target.tokenizer, None, EngineConfig(max_batch=args.batch, max_len=1024),
-        vocab_limit=pipe.target.vocab_size,
-    )  # fmt: skip
+    if endpoints:
+        arms, tokenizer, name = _endpoint_arms(args, err)
+    else:
+        arms, tokenizer, name = _local_arms(args, err)
     texts = list(CERTIFY_PROMPTS) if args.prompts == "certify" else _prompt_texts(args.prompts)
-    prompts = [(t, pipe.target.tokenizer.encode(t)) for t in texts]
+    prompts = [(t, tokenizer.encode(t)) for t in texts]
     from rich.progress import Progress
 
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task(f"sampling {samples} + {samples} continuations per prompt", total=len(prompts))
         report = certify_arms(
-            engine_arm(plain, args.batch), engine_arm(pipe.engine, args.batch), prompts, params, samples=samples,
-            tokens=args.tokens, alpha=alpha, method=args.combine, seed=args.seed,
-            progress=lambda done, total: bar.update(task, completed=done),
+            *arms, prompts, params, samples=samples, tokens=args.tokens, alpha=alpha, method=args.combine,
+            seed=args.seed, progress=lambda done, total: bar.update(task, completed=done),
         )  # fmt: skip
-    out = report.to_dict() | {"target": pipe.target.name, "drafter": args.drafter, "draft": draft}
+    drafter = "endpoints" if endpoints else args.drafter
+    out = report.to_dict() | {"target": name, "drafter": drafter}
+    if endpoints:
+        out |= {"baseline": args.endpoint_baseline, "speculative": args.endpoint_spec, "tokenizer": args.tokenizer}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0 if report.passed else 1
-    table = Table(title=f"{pipe.target.name}: plain vs speculative ({args.drafter}), {samples} per arm, "
-                        f"first {args.tokens} tokens")  # fmt: skip
+    table = Table(title=f"{name}: plain vs speculative ({drafter}), {samples} per arm, first {args.tokens} tokens")
     for col in ("prompt", "outcomes", "p", "TV [95% CI]", "detectable TV", "s"):
         table.add_column(col, justify="left" if col == "prompt" else "right")
     for p in report.prompts:
@@ -325,6 +329,50 @@ def run_deployment(args: argparse.Namespace) -> int:
         "are not excluded."
     )
     return 0 if report.passed else 1
+
+
+def _endpoint_arms(args: argparse.Namespace, err: Any) -> tuple[tuple[Any, Any], Any, str]:
+    from verispec.certify.endpoint import endpoint_arm
+    from verispec.formats.loader import load_tokenizer
+
+    if not (args.endpoint_baseline and args.endpoint_spec and args.model and args.tokenizer):
+        raise ConfigError("certify endpoints with --endpoint-baseline URL --endpoint-spec URL --model NAME "
+                          "--tokenizer MODEL together (the tokenizer turns the returned text into tokens)")  # fmt: skip
+    if args.max_requests < 1 or args.batch < 1:
+        raise ConfigError("--max-requests and --batch must be >= 1")
+    tokenizer = load_tokenizer(args.tokenizer)
+
+    def decode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    options = {"per_request": args.batch, "api_key": args.api_key, "max_requests": args.max_requests}
+    baseline = endpoint_arm(args.endpoint_baseline, args.model, decode, **options)
+    speculative = endpoint_arm(args.endpoint_spec, args.model, decode, **options)
+    return (baseline, speculative), tokenizer, args.model
+
+
+def _local_arms(args: argparse.Namespace, err: Any) -> tuple[tuple[Any, Any], Any, str]:
+    from verispec.certify.deployment import engine_arm
+    from verispec.config import EngineConfig
+    from verispec.engine import Engine
+    from verispec.pipeline import build, check_device, machine_defaults
+
+    device = check_device(args.device)
+    draft = args.draft if args.drafter in ("model", "composite") else None
+    picked = machine_defaults(args.target, draft, device)
+    dtype = args.dtype or picked.dtype
+    with err.status("loading models", spinner="dots"):
+        pipe = build(
+            args.target, draft, drafter=args.drafter, k=args.k[0], dtype=dtype,
+            draft_dtype=picked.draft_dtype if args.dtype is None else None,
+            draft_head=picked.draft_head if args.dtype is None else args.draft_vocab,
+            device=device, max_batch=args.batch, max_len=1024,
+        )  # fmt: skip
+    plain = Engine(
+        pipe.target.model, pipe.target.tokenizer, None, EngineConfig(max_batch=args.batch, max_len=1024),
+        vocab_limit=pipe.target.vocab_size,
+    )  # fmt: skip
+    return (engine_arm(plain, args.batch), engine_arm(pipe.engine, args.batch)), pipe.target.tokenizer, pipe.target.name
 
 
 def _prompt_texts(spec: str) -> list[str]:

@@ -257,6 +257,26 @@ def _load_hf(path: Path, precision: str, device: str, kernels: bool) -> _Loaded:
     return config, model, tokenizer, path, tokenizer.vocab_size
 
 
+def load_tokenizer(spec: str | os.PathLike[str], home: Path | None = None) -> Tokenizer:
+    """The tokenizer of ``spec`` (a registry name of a prepared model, a ``.gguf`` file, a prepared
+    or Hugging Face folder), without loading any weights."""
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if text in MODELS:
+        folder = model_dir(text, home)
+        if read_marker(folder, get_entry(text)) is None:
+            raise ModelLoadError(f"model {text!r} is not prepared; run `verispec models prepare {text}`")
+        return Tokenizer.from_hf_folder(folder)
+    if path.is_file():
+        return Tokenizer.from_gguf(path)
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        return Tokenizer.from_hf_folder(path)
+    raise ModelLoadError(
+        f"{text!r} names no tokenizer: give a known model ({', '.join(MODELS)}), a .gguf file or a folder "
+        "with tokenizer.json"
+    )
+
+
 def peek_config(spec: str | os.PathLike[str], home: Path | None = None) -> ModelConfig | None:
     """The ModelConfig of ``spec`` when it can be read without touching weights (a prepared model's
     or a Hugging Face folder's JSON), else None; a check before loading, not a loader."""
