@@ -115,12 +115,12 @@ def run_list(args: argparse.Namespace) -> int:
             state += " [dim](incomplete or outdated cache; run prepare again)[/]"
         role = s.role + (" (default)" if s.default else "")
         table.add_row(s.name, role, s.display_name, state, f"{s.parts_installed}/{s.parts_total}", _size(s.disk_bytes))
-        for t in [t for t in trained if t.target == s.name]:  # its trained drafters, beside it
+        for t in [t for t in trained if t.base == s.name]:  # its trained drafters, beside it
             table.add_row(f"  {t.path}", t.kind, t.summary, "[green]trained[/]", "-", _size(t.size))
     known = {s.name for s in statuses}
-    for t in [t for t in trained if t.target not in known]:
+    for t in [t for t in trained if t.base not in known]:
         state = "[red]missing[/]" if t.kind == "missing" else "[green]trained[/]"
-        table.add_row(t.path, f"{t.kind} for {t.target}", t.summary, state, "-", _size(t.size))
+        table.add_row(t.path, f"{t.kind} for {t.base}", t.summary, state, "-", _size(t.size))
     Console(width=max(Console().width, 132)).print(table)
     return 0
 

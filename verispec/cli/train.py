@@ -26,8 +26,8 @@ Train a drafter for a target model on this machine, from the target's own genera
   verispec train medusa  --data data/ --out heads.safetensors                    (Medusa heads)
   verispec train eagle   --data data/ --out eagle.safetensors                    (an EAGLE head)
   verispec train distill --data data/ --out distilled/                           (the draft model, fine-tuned)
-  verispec generate "def f(x):" --drafter medusa --heads heads.safetensors        (use them; --drafter eagle,
-  verispec generate "def f(x):" --draft distilled/                                 or the distilled draft)
+  verispec generate "def f(x):" --drafter eagle --heads eagle.safetensors         (draft with one)
+  verispec generate "def f(x):" --draft distilled/                                (or with the distilled draft)
 
 Measured on a 2-core AMD EPYC (Zen 5) for the default 1.5B target in int4: data 24 min for 212
 prompts of up to 192 answer tokens (6.8 s a prompt: generation with speculation, then one

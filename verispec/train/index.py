@@ -29,14 +29,14 @@ class TrainedDrafter:
 
     path: str
     kind: str
-    target: str
+    base: str  # the model it belongs beside: the target of heads, the base draft of a distilled draft
     size: int
     summary: str  # held-out figures and training time, one line
 
     def to_dict(self) -> dict[str, Any]:
         """The shape of ``models list --json``'s entries (``name`` is the file's path)."""
         state = "missing" if self.kind == "missing" else "trained"
-        return {"name": self.path, "role": self.kind, "base": self.target, "state": state,
+        return {"name": self.path, "role": self.kind, "base": self.base, "state": state,
                 "disk_bytes": self.size, "summary": self.summary}  # fmt: skip
 
 
@@ -95,12 +95,12 @@ def _distilled(path: str) -> TrainedDrafter:
         return TrainedDrafter(path, "missing", "-", 0, "the folder is gone or not a distilled draft")
     size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
     before, after = manifest.get("heldout_before", {}), manifest.get("heldout", {})
-    summary = f"{manifest.get('objective')} from {manifest.get('base')}"
+    summary = f"toward {manifest.get('target')} ({manifest.get('objective')})"
     if "acceptance" in after:
         summary += f", held-out acceptance {before.get('acceptance', float('nan')):.3f} -> {after['acceptance']:.3f}"
     if "seconds" in manifest:
         summary += f", {float(manifest['seconds']) / 60:.1f} min"
-    return TrainedDrafter(path, "distilled draft", str(manifest.get("target", "?")), size, summary)
+    return TrainedDrafter(path, "distilled draft", str(manifest.get("base", "?")), size, summary)
 
 
 def trained_drafters(home: Path | None = None) -> list[TrainedDrafter]:
