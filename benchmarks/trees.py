@@ -18,7 +18,8 @@ own engine and caches:
     medusa-tree:HEADS  the same heads, a static tree of their candidates (MEDUSA_TREE)
     medusa-auto:HEADS  the same heads, a tree planned per step (--tree auto)
     draft:PATH[@DTYPE]  another draft model (e.g. a verispec train distill folder, or the default
-                     draft's name to compare in the same precision; default int8), K per step
+                     draft's name to compare in the same precision; default int8), K per step;
+                     draft-K:PATH[@DTYPE] the same with chains of K
     eagle:HEAD       an EAGLE head (verispec train eagle): chains, K per step from measured costs
     eagle-K:HEAD     the same head, chains of K (e.g. eagle-4:eagle.safetensors)
     eagle-tree:HEAD:D,E,B,N  the same head, EAGLE-2 dynamic trees of that shape
@@ -91,13 +92,16 @@ def make_engine(pipe: Any, kind: str, arg: str, draft_head: int | None) -> Engin
         draft_head=draft_head,
         keep_ids=tuple(target.tokenizer.eos_token_ids),
     )
-    if kind == "draft":
+    if kind == "draft" or kind.startswith("draft-"):
         from verispec.formats.loader import load_model
 
         path, _, precision = arg.partition("@")
         other = load_model(path, dtype=precision or "int8")  # type: ignore[arg-type]
         drafter = make_drafter("model", **(common | {"draft_model": other.model}))  # type: ignore[arg-type]
-        config = EngineConfig(max_batch=1, max_len=4000, num_draft_tokens=None)
+        fixed_k = int(kind[6:]) if kind.startswith("draft-") else None
+        config = EngineConfig(max_batch=1, max_len=4000, num_draft_tokens=fixed_k)
+        if fixed_k is not None:  # a fixed K: acceptance rates of different drafts compare at one K
+            return Engine(target.model, target.tokenizer, drafter, config, vocab_limit=target.vocab_size)
         policy = make_policy(config, speculative=True, costs=measured_costs(target))
         return Engine(target.model, target.tokenizer, drafter, config, vocab_limit=target.vocab_size, policy=policy)
     if kind.startswith("eagle"):

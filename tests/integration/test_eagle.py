@@ -194,3 +194,27 @@ def test_eagle_options_are_checked(trained) -> None:  # type: ignore[no-untyped-
 
     with pytest.raises(ConfigError, match="dynamically"):
         tree_shape("eagle", "auto", None, "rejection")
+
+
+def test_the_head_on_the_cpu_kernels_drafts_for_a_kernel_target(trained) -> None:  # type: ignore[no-untyped-def]
+    """On a target on verispec's kernels the head runs its projections in int8 (W8A8): close to the
+    fp32 head, and greedy output still equals plain decoding."""
+    from verispec.formats.loader import bf16_kernel_usable
+
+    if not bf16_kernel_usable():
+        pytest.skip("verispec's vector kernels do not run on this CPU")
+    out, target, _ = trained
+    head, _ = load_eagle(out, target)
+    x, e = torch.randn(5, target.config.hidden_size), torch.randn(5, target.config.hidden_size)
+    quantised = EagleHead(head.shape)
+    quantised.load_state_dict(head.state_dict())
+    quantised.on_kernels()
+    torch.testing.assert_close(quantised.fuse(x, e), head.fuse(x, e), atol=0.05, rtol=0.05)
+    d = make_drafter("eagle", vocab_size=VOCAB, target_model=target, heads=head)
+    d.head = quantised  # type: ignore[attr-defined]  (what a kernel target gets; this tiny one has no kernels)
+    ids = prompts(4, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=20)
+    outs = Engine(target, None, d, EngineConfig(max_len=256, num_draft_tokens=3)).generate(ids, params)
+    plain = plain_engine(target).generate(ids, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert sum(o.stats.num_accepted_tokens for o in outs) > 0

@@ -27,6 +27,7 @@ in the metadata (the head's shape, the target's name and fingerprint, the ids it
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Sequence
@@ -116,6 +117,18 @@ class EagleHead(nn.Module):
         self.down.weight.zero_()
         return self
 
+    def on_kernels(self) -> EagleHead:
+        """The head for decoding on verispec's CPU kernels: every projection weight-only int8
+        (:class:`~verispec.kernels.linear.Int8Linear`, W8A8), read at about a quarter of fp32's
+        bytes; activations stay fp32. A draft's numbers may differ slightly from the fp32 head's;
+        its candidates remain point masses, so the output law is untouched."""
+        from verispec.kernels.linear import Int8Linear
+
+        for name in ("fc", "q", "k", "v", "o", "gate", "up", "down"):
+            linear = getattr(self, name)
+            setattr(self, name, Int8Linear.from_weight(linear.weight.detach().float(), _bias(linear)))
+        return self
+
     def fuse(self, features: Tensor, embeds: Tensor) -> Tensor:
         """``[T, C]`` features and embeddings -> the layer's input ``[T, C]``."""
         fused: Tensor = self.fc(torch.cat([embeds, features], dim=-1))
@@ -157,6 +170,11 @@ class EagleHead(nn.Module):
         q, k, v = self.keys_values(x, positions)
         out = self.finish(x, q, torch.cat([past_k, k]), torch.cat([past_v, v]), mask)
         return out, k, v
+
+
+def _bias(linear: nn.Module) -> Tensor | None:
+    bias = getattr(linear, "bias", None)
+    return None if bias is None else bias.detach().float()
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -236,8 +254,9 @@ class EagleDrafter:
         if embed is None:
             raise ConfigError(f"{type(target).__name__} does not expose its token embedding; the EAGLE head needs it")
         self.device = target.device
-        self.head = head.to(self.device)
-        self.dtype = next(head.parameters()).dtype
+        kernels = bool(getattr(target, "cpu_kernels", False)) and head.shape.hidden_size % 32 == 0
+        self.head = copy.deepcopy(head).on_kernels() if kernels else head.to(self.device)  # (the caller's stays fp32)
+        self.dtype = torch.float32 if kernels else next(head.parameters()).dtype
         self.embed = embed
         self.vocab_size = vocab_size
         limit = min(vocab_size, target.config.vocab_size)
