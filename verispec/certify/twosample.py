@@ -10,11 +10,12 @@ empirical laws of the first n tokens differ.
   cell (merged into the smallest other cell if the pool stays below it); when the pooled table is
   still too sparse for the chi-square approximation (fewer than 2 cells with 5 expected, or under
   100 samples), a permutation test of the same statistic (``rounds`` relabellings, seeded).
-- The estimated total variation distance between the arms (plug-in, biased upward in sparse
-  tables) with a bootstrap interval, and the **detectable TV** (:func:`detectable_tv`): the
-  smallest TV the test would detect with power 0.8 at its level and N, for a shift of mass between
-  the two likeliest outcomes (noncentral chi-square power). A pass bounds the difference at that
-  level; it says nothing about differences smaller.
+- The estimated total variation distance between the arms over the test's pooled outcomes (a
+  lower bound of the TV over all outcomes; over sparse outcomes a plug-in estimate mostly measures
+  sampling noise), with a basic (bias-corrected) bootstrap interval, and the **detectable TV**
+  (:func:`detectable_tv`): the smallest TV the test would detect with power 0.8 at its level and
+  N, for a shift of mass between the two likeliest outcomes (noncentral chi-square power). A pass
+  bounds the difference at that level; it says nothing about differences smaller.
 - :func:`combine`: one decision over prompts, by Holm's step-down adjustment (the family-wise
   p-value: controls the chance of any false alarm) or Fisher's method (more power when every
   prompt differs a little).
@@ -47,8 +48,8 @@ class TwoSampleResult:
     n_a: int
     n_b: int
     cells: int  # after pooling
-    tv: float  # plug-in TV between the arms' empirical laws (unpooled)
-    tv_interval: tuple[float, float]  # bootstrap 95% interval of the plug-in TV
+    tv: float  # plug-in TV between the arms' empirical laws over the pooled outcomes
+    tv_interval: tuple[float, float]  # basic bootstrap 95% interval of it
     detectable_tv: float  # smallest TV detected with POWER at ``alpha`` (see detectable_tv)
 
     def to_dict(self) -> dict[str, object]:
@@ -153,14 +154,19 @@ def two_sample_test(
         p_value, method = float(stats.chi2.sf(statistic, dof)), "chi-square"
     else:
         p_value, method = _permutation(counts, statistic, rounds, rng), "permutation"
+    tv = _tv(pooled)
     draws = [
-        _tv(np.stack([rng.multinomial(n_a, counts[0] / n_a), rng.multinomial(n_b, counts[1] / n_b)]).astype(float))
+        _tv(np.stack([rng.multinomial(n_a, pooled[0] / n_a), rng.multinomial(n_b, pooled[1] / n_b)]).astype(float))
         for _ in range(bootstrap)
     ]
-    interval = (float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))) if draws else (math.nan, math.nan)
+    interval = (
+        (max(0.0, 2 * tv - float(np.quantile(draws, 0.975))), max(0.0, 2 * tv - float(np.quantile(draws, 0.025))))
+        if draws
+        else (math.nan, math.nan)
+    )
     share = pooled.sum(axis=0) / pooled.sum()
     return TwoSampleResult(
-        statistic, dof, p_value, method, n_a, n_b, pooled.shape[1], _tv(counts), interval,
+        statistic, dof, p_value, method, n_a, n_b, pooled.shape[1], tv, interval,
         detectable_tv(share, n_a, n_b, dof, alpha),
     )  # fmt: skip
 

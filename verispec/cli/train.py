@@ -217,14 +217,7 @@ def run_medusa(args: argparse.Namespace) -> int:
     manifest = _train(args, "Medusa heads", lambda data, target, out, device, progress: train_medusa(
         data, target, out, config, device=device, progress=progress
     ))  # fmt: skip
-    held = manifest.info.get("heldout", {})
-    accuracy = ", ".join(f"{a:.3f}" for a in held.get("accuracy", []))
-    print(
-        f"{args.out}: {manifest.num_heads} heads for {manifest.target}, {manifest.info['steps']} steps in "
-        f"{manifest.info['seconds']:.0f} s; held-out top-1 accuracy per head {accuracy or '-'}, "
-        f"greedy chain AL {held.get('chain_al', float('nan')):.2f} over {held.get('positions', 0)} positions",
-        file=sys.stdout,
-    )
+    _summary(args.out, f"{manifest.num_heads} heads", "top-1 accuracy per head", manifest)
     return 0
 
 
@@ -235,15 +228,20 @@ def run_eagle(args: argparse.Namespace) -> int:
     manifest = _train(args, "an EAGLE head", lambda data, target, out, device, progress: train_eagle(
         data, target, out, config, device=device, progress=progress
     ))  # fmt: skip
+    _summary(args.out, "EAGLE head", "agreement per depth", manifest)
+    return 0
+
+
+def _summary(out: str, what: str, accuracy_name: str, manifest: Any) -> None:
+    """One line on stdout: what was trained, in how long, and its held-out figures."""
     held = manifest.info.get("heldout", {})
     accuracy = ", ".join(f"{a:.3f}" for a in held.get("accuracy", []))
     print(
-        f"{args.out}: EAGLE head for {manifest.target}, {manifest.info['steps']} steps in "
-        f"{manifest.info['seconds']:.0f} s; held-out agreement per depth {accuracy or '-'}, "
+        f"{out}: {what} for {manifest.target}, {manifest.info['steps']} steps in "
+        f"{manifest.info['seconds']:.0f} s; held-out {accuracy_name} {accuracy or '-'}, "
         f"greedy chain AL {held.get('chain_al', float('nan')):.2f} over {held.get('positions', 0)} positions",
         file=sys.stdout,
     )
-    return 0
 
 
 def run_distill(args: argparse.Namespace) -> int:

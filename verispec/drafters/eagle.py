@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from verispec.drafters.base import BatchView
-from verispec.drafters.heads import read_trained, target_fingerprint, write_trained
+from verispec.drafters.heads import read_trained, write_trained
 from verispec.drafters.model import restricted_head
 from verispec.drafters.tree import TreeShape
 from verispec.drafters.trie import tree_draft
@@ -206,14 +206,10 @@ def load_eagle(path: str | os.PathLike[str], target: LanguageModel | None = None
         manifest = EagleManifest(**fields)
         return EagleHead(EagleShape(**manifest.shape)), manifest
 
-    head, manifest = read_trained(path, FORMAT, "an EAGLE head (train one with verispec train eagle)", build)
+    what = "an EAGLE head (train one with verispec train eagle)"
+    head, manifest = read_trained(path, FORMAT, what, build, target, "verispec train eagle")
     assert isinstance(head, EagleHead) and isinstance(manifest, EagleManifest)
-    if target is not None and manifest.fingerprint != target_fingerprint(target):
-        raise ConfigError(
-            f"the EAGLE head in {str(path)!r} was trained for {manifest.target!r}, not this target; "
-            "train one for it with verispec train eagle"
-        )
-    return head.eval(), manifest
+    return head, manifest
 
 
 @dataclass

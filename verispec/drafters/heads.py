@@ -114,11 +114,18 @@ def write_trained(module: nn.Module, format: str, manifest: str, path: str | os.
 
 
 def read_trained(
-    path: str | os.PathLike[str], format: str, what: str, build: Callable[[dict[str, Any]], tuple[nn.Module, Any]]
+    path: str | os.PathLike[str],
+    format: str,
+    what: str,
+    build: Callable[[dict[str, Any]], tuple[nn.Module, Any]],
+    target: LanguageModel | None = None,
+    command: str = "",
 ) -> tuple[nn.Module, Any]:
     """A trained drafter written by :func:`write_trained`: ``build`` makes the module and the
-    manifest from the manifest's fields; the file's tensors must be exactly the module's.
-    :class:`ModelLoadError` names the file and says it is not ``what`` when it is not."""
+    manifest (which has ``target`` and ``fingerprint``) from the manifest's fields; the file's
+    tensors must be exactly the module's. :class:`ModelLoadError` names the file and says it is not
+    ``what`` when it is not; with ``target``, :class:`ConfigError` refuses a file trained for
+    another model (``command`` trains one)."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -137,7 +144,11 @@ def read_trained(
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise ModelLoadError(f"{str(path)!r} does not hold the weights its manifest describes: {exc}") from exc
-    return module, manifest
+    if target is not None and manifest.fingerprint != target_fingerprint(target):
+        raise ConfigError(
+            f"{str(path)!r} was trained for {manifest.target!r}, not this target; train one for it with {command}"
+        )
+    return module.eval(), manifest
 
 
 def save_heads(heads: MedusaHeads, manifest: HeadsManifest, path: str | os.PathLike[str]) -> None:
@@ -153,14 +164,9 @@ def load_heads(path: str | os.PathLike[str], target: LanguageModel | None = None
         return MedusaHeads(int(manifest.hidden_size), int(manifest.num_heads)), manifest
 
     what = "a verispec Medusa heads file (train one with verispec train medusa)"
-    heads, manifest = read_trained(path, FORMAT, what, build)
+    heads, manifest = read_trained(path, FORMAT, what, build, target, "verispec train medusa")
     assert isinstance(heads, MedusaHeads) and isinstance(manifest, HeadsManifest)
-    if target is not None and manifest.fingerprint != target_fingerprint(target):
-        raise ConfigError(
-            f"the heads in {str(path)!r} were trained for {manifest.target!r}, not this target; "
-            "train heads for it with verispec train medusa"
-        )
-    return heads.eval(), manifest
+    return heads, manifest
 
 
 class MedusaDrafter:
