@@ -105,7 +105,7 @@ def test_two_endpoints_are_certified(
     servers: dict[str, str], models: dict[str, Path], spec: str, status: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["certify", "--endpoint-baseline", servers["plain"], "--endpoint-spec", servers[spec], "--model", "m",
-            "--tokenizer", str(models["target"]), "--prompts", str(models["prompts"]), "--samples", "1500",
+            "--tokenizer", str(models["target"]), "--prompts", str(models["prompts"]), "--samples", "600",
             "--tokens", "2", "--temperature", "0.8", "--json"]  # fmt: skip
     assert run(*args) == status
     out = json.loads(capsys.readouterr().out)

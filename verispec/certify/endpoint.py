@@ -2,7 +2,10 @@
 vLLM, SGLang, llama.cpp's ``llama-server``, ``verispec serve``.
 
 Each request asks for ``n`` continuations of the prompt text with the run's sampling parameters
-and its own ``seed`` (servers that ignore ``seed`` still give independent draws). The API returns
+and its own ``seed``. The test needs independent draws, and llama.cpp's ``llama-server`` draws
+the ``n`` continuations of one request from one seed (runs of identical continuations, counts in
+multiples of n): ``verispec certify`` therefore asks one continuation per request
+(``per_request = 1``); a larger ``n`` is for servers known to draw them independently. The API returns
 text, so the outcome of a continuation is the first ``tokens`` ids of its text under a tokenizer
 named explicitly (the model's own, loaded locally): the same function of the text in both arms,
 so equal laws of text give equal laws of outcomes and the test stays exact. Responses are checked

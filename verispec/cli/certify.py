@@ -345,7 +345,9 @@ def _endpoint_arms(args: argparse.Namespace, err: Any) -> tuple[tuple[Any, Any],
     def decode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 
-    options = {"per_request": args.batch, "api_key": args.api_key, "max_requests": args.max_requests}
+    # One continuation per request, each with its own seed: llama-server draws the n samples of one
+    # request from one seed (whole runs of identical continuations), which breaks independence.
+    options = {"per_request": 1, "api_key": args.api_key, "max_requests": args.max_requests}
     baseline = endpoint_arm(args.endpoint_baseline, args.model, decode, **options)
     speculative = endpoint_arm(args.endpoint_spec, args.model, decode, **options)
     return (baseline, speculative), tokenizer, args.model
