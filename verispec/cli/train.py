@@ -81,9 +81,7 @@ def register(subparsers: Any) -> None:
         description="Train K Medusa heads (residual blocks over the target's hidden state, its LM head frozen) "
         "on a data folder; report held-out accuracy after each epoch; save atomically (resumable).",
     )
-    medusa.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
-    medusa.add_argument("--dtype", default=None, choices=PRECISIONS, help="target precision (default: this machine's)")
-    medusa.add_argument("--data", required=True, help="folder written by verispec train data")
+    _trainer_options(medusa)
     medusa.add_argument("--heads", type=int, default=4, help="number of heads, 1..16 (default 4)")
     medusa.add_argument(
         "--head-size", type=int, default=32768, help="vocabulary ids the heads score, the first N (default 32768)"
@@ -91,7 +89,6 @@ def register(subparsers: Any) -> None:
     medusa.add_argument("--epochs", type=int, default=2, help="passes over the data (default 2)")
     medusa.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate, cosine decay (default 0.001)")
     medusa.add_argument("--batch", type=int, default=256, help="answer positions per step (default 256)")
-    medusa.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     medusa.add_argument(
         "--out", required=True, help="heads file to write (resumed when it and its optimiser state exist)"
     )
@@ -104,9 +101,7 @@ def register(subparsers: Any) -> None:
         "unrolled as it drafts) on a data folder; report held-out agreement per depth and a greedy chain's "
         "accepted length after each epoch; save atomically (resumable).",
     )
-    eagle.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
-    eagle.add_argument("--dtype", default=None, choices=PRECISIONS, help="target precision (default: this machine's)")
-    eagle.add_argument("--data", required=True, help="folder written by verispec train data")
+    _trainer_options(eagle)
     eagle.add_argument(
         "--head-size", type=int, default=32768, help="vocabulary ids the head scores, the first N (default 32768)"
     )
@@ -117,7 +112,6 @@ def register(subparsers: Any) -> None:
     eagle.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate, cosine decay (default 0.001)")
     eagle.add_argument("--batch", type=int, default=1024, help="token pairs per step, whole sequences (default 1024)")
     eagle.add_argument("--unroll", type=int, default=3, help="drafting depths unrolled in training, 1..8 (default 3)")
-    eagle.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     eagle.add_argument(
         "--out", required=True, help="head file to write (resumed when it and its optimiser state exist)"
     )
@@ -130,10 +124,8 @@ def register(subparsers: Any) -> None:
         "at a sampling temperature) through LoRA adapters merged into the weights; report held-out acceptance "
         "before and after; write a model folder that --draft takes.",
     )
-    dist.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    _trainer_options(dist)
     dist.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model to fine-tune (default {DEFAULT_DRAFT})")
-    dist.add_argument("--dtype", default=None, choices=PRECISIONS, help="target precision (default: this machine's)")
-    dist.add_argument("--data", required=True, help="folder written by verispec train data (for this target)")
     dist.add_argument(
         "--objective", default="fkl", choices=["fkl", "tv"],
         help="forward KL (fkl) or total variation (tv, whose complement is the acceptance rate); default fkl",
@@ -146,10 +138,19 @@ def register(subparsers: Any) -> None:
     dist.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
     dist.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate, cosine decay (default 0.0002)")
     dist.add_argument("--batch", type=int, default=512, help="answer positions per step, whole sequences (default 512)")
-    dist.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     dist.add_argument("--out", required=True, help="folder of the distilled draft (a new folder)")
     dist.set_defaults(run=run_distill)
     p.set_defaults(run=lambda args: (p.print_help(), 2)[1])
+
+
+def _trainer_options(parser: Any) -> None:
+    """The options every trainer takes: the target, its precision, the data folder, the device."""
+    from verispec.formats.loader import DEFAULT_TARGET
+
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    parser.add_argument("--dtype", default=None, choices=PRECISIONS, help="target precision (default: this machine's)")
+    parser.add_argument("--data", required=True, help="folder written by verispec train data (for this target)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
 
 
 def _prompts(spec: str, limit: int) -> list[tuple[str, bool]]:
