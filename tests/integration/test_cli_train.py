@@ -127,10 +127,13 @@ def test_generate_with_medusa_heads_equals_plain(
     assert run(*base, *typical, "--temperature", "0.7", "--seed", "1") == 0  # Medusa's default rule: lossy, and says so
     assert json.loads(capsys.readouterr().out)["lossless"] is False
     eagle = ["--drafter", "eagle", "--heads", str(trained["eagle"])]
-    for extra in (["--k", "3"], ["--tree", "3,2,2,6"], []):
+    for extra in (["--k", "3"], ["--tree", "3,2,2,6"]):
         assert run(*base, *eagle, *extra) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["token_ids"] == spec["token_ids"] and out["spec"]["num_drafts"] > 0
+    # K from measured costs: whether drafting pays depends on this CPU's timings, so only the output is checked
+    assert run(*base, *eagle) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == spec["token_ids"]
 
 
 @pytest.mark.parametrize(
