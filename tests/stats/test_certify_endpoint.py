@@ -2,19 +2,23 @@
 transports: no sockets, no downloads). A faithful speculative server passes against a faithful
 plain one; three deliberately broken ones are caught at the N the test uses (a biased residual, a
 bonus token taken from the draft, the temperature applied twice); the client retries 429/503,
-refuses malformed answers, and never sends more requests than it was allowed."""
+refuses malformed answers, and never sends more requests than it was allowed. The goodness-of-fit
+mode (the baseline scores by echo, the speculative arm returns token ids) passes the faithful
+server, catches the broken ones with fewer samples, and refuses what it cannot score."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from collections.abc import Callable
 
 import httpx
 import numpy as np
 import pytest
 
-from verispec.certify.deployment import certify_arms
-from verispec.certify.endpoint import EndpointError, endpoint_arm
+from verispec.certify.deployment import certify_arms, certify_fit
+from verispec.certify.endpoint import EndpointError, endpoint_arm, endpoint_scorer
 from verispec.config import SamplingParams
 
 LETTERS = "abcdef"
@@ -50,7 +54,9 @@ def sampler(broken: str | None) -> Callable[[np.random.Generator, float, int], s
     return draw
 
 
-def fake_server(broken: str | None = None, *, busy: int = 0, reply: dict | None = None) -> httpx.Client:
+def fake_server(
+    broken: str | None = None, *, busy: int = 0, reply: dict | None = None, echo: bool = True
+) -> httpx.Client:
     state = {"busy": busy, "requests": 0}
 
     def handle(request: httpx.Request) -> httpx.Response:
@@ -63,10 +69,23 @@ def fake_server(broken: str | None = None, *, busy: int = 0, reply: dict | None 
         if reply is not None:
             return httpx.Response(200, json=reply)
         body = json.loads(request.content)
+        if body.get("echo"):  # prompt logprobs (vLLM's echo): the text "p" is the one token 0
+            if not echo:
+                return httpx.Response(200, json={"choices": [{"index": 0, "text": "a"}]})
+            ids = [0] if isinstance(body["prompt"], str) else body["prompt"]
+            values = [None] + [math.log(law(TARGET, a, 1.0)[b]) for a, b in itertools.pairwise(ids)]
+            tokens = [f"token_id:{i}" for i in [*ids, 0]]
+            return httpx.Response(
+                200, json={"choices": [{"text": "", "logprobs": {"tokens": tokens, "token_logprobs": [*values, -0.5]}}]}
+            )
         rng = np.random.default_rng(body["seed"])
         draw = sampler(broken)
         texts = [draw(rng, body["temperature"], body["max_tokens"]) for _ in range(body["n"])]
-        return httpx.Response(200, json={"choices": [{"index": i, "text": t} for i, t in enumerate(texts)]})
+        choices = [{"index": i, "text": t} for i, t in enumerate(texts)]
+        if body.get("return_tokens_as_token_ids"):
+            for choice in choices:
+                choice["logprobs"] = {"tokens": [f"token_id:{LETTERS.index(c)}" for c in choice["text"]]}
+        return httpx.Response(200, json={"choices": choices})
 
     client = httpx.Client(transport=httpx.MockTransport(handle))
     client.state = state  # type: ignore[attr-defined]
@@ -115,3 +134,34 @@ def test_busy_servers_are_retried_and_requests_are_bounded() -> None:
 def test_malformed_answers_are_errors_not_samples(reply: dict, message: str) -> None:
     with pytest.raises(EndpointError, match=message):
         arm(fake_server(reply=reply), per_request=1)("p", [0], SamplingParams(temperature=1.0, max_tokens=2), 1, 0)
+
+
+@pytest.mark.parametrize("broken", [None, "biased-residual", "bonus-from-draft"])
+def test_goodness_of_fit_against_the_baselines_prompt_logprobs(broken: str | None) -> None:
+    scorer = endpoint_scorer("http://fake:8000/v1", "m", client=fake_server(), backoff=0.0)
+    sampler = arm(fake_server(broken), per_request=4, token_ids=True)
+    report = certify_fit(scorer, sampler, PROMPTS, SamplingParams(temperature=1.0), samples=1500, tokens=2,
+                         lookahead=0)  # fmt: skip
+    assert report.passed is (broken is None), (broken, report.to_dict())
+    assert report.to_dict()["prompts"][0]["method"] == "goodness-of-fit"
+
+
+def test_what_cannot_be_scored_is_refused() -> None:
+    sampler = arm(fake_server(), per_request=4, token_ids=True)
+    params = SamplingParams(temperature=1.0)
+    no_echo = endpoint_scorer("http://fake:8000/v1", "m", client=fake_server(echo=False), backoff=0.0)
+    with pytest.raises(EndpointError, match="did not return prompt logprobs"):
+        certify_fit(no_echo, sampler, PROMPTS, params, samples=20, tokens=2, lookahead=0)
+    scorer = endpoint_scorer("http://fake:8000/v1", "m", client=fake_server(), backoff=0.0)
+    with pytest.raises(EndpointError, match="temperature 1"):
+        certify_fit(scorer, sampler, PROMPTS, SamplingParams(temperature=0.8), samples=20, tokens=2, lookahead=0)
+    text_only = arm(fake_server(reply={"choices": [{"text": "ab"}]}), per_request=1, token_ids=True)
+    with pytest.raises(EndpointError, match="no token ids"):
+        text_only("p", [0], SamplingParams(temperature=1.0, max_tokens=2), 1, 0)
+
+
+def test_concurrent_requests_draw_what_sequential_ones_draw() -> None:
+    params = SamplingParams(temperature=1.0, max_tokens=3)
+    alone = arm(fake_server(), per_request=1)("p", [0], params, 40, 7)
+    together = arm(fake_server(), per_request=1, concurrency=8)("p", [0], params, 40, 7)
+    assert together == alone and len(set(alone)) > 5

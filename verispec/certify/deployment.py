@@ -7,6 +7,10 @@ decision over the prompts (:func:`~verispec.certify.twosample.combine`). An arm 
 turns (prompt ids, parameters, count, seed) into continuations: a local engine
 (:func:`engine_arm`), or an HTTP endpoint.
 
+:func:`certify_fit` is the goodness-of-fit mode: where the baseline can score continuations (a
+local target, :func:`engine_scorer`; an endpoint with prompt logprobs), only the speculative arm
+samples and its samples are tested against the baseline's probabilities (:mod:`verispec.certify.fit`).
+
 Power comes from low-entropy outcomes: a few tokens (``tokens`` = 2..4) after prompts whose
 continuation is nearly determined, at temperature 1, so that the outcomes fall in few cells and
 each is seen often (the built-in ``certify`` prompt set is made of such prompts; the report gives
@@ -20,12 +24,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from verispec.certify.fit import fit_cells, fit_test
 from verispec.certify.twosample import TwoSampleResult, combine, two_sample_test
 from verispec.config import SamplingParams
 from verispec.errors import ConfigError
 
 #: (prompt text, prompt ids, params with max_tokens, number of samples, first seed) -> continuations
 Arm = Callable[[str, Sequence[int], SamplingParams, int, int], list[tuple[int, ...]]]
+#: (prompt text, prompt ids, outcomes, params, tokens tested) -> each outcome's probability under
+#: the baseline's sampling law (the joint law of its tokens after the prompt; an outcome shorter
+#: than ``tokens`` ended at an end of sequence); None: one the scorer cannot score (tested within
+#: the rest)
+Scorer = Callable[[str, Sequence[int], Sequence[tuple[int, ...]], SamplingParams, int], list[float | None]]
 Progress = Callable[[int, int], None]
 
 #: Prompts whose first tokens are nearly determined (code and fixed phrases): the default set.
@@ -55,6 +65,53 @@ def engine_arm(engine: Any, batch: int = 32) -> Arm:
     return sample
 
 
+def engine_scorer(engine: Any) -> Scorer:
+    """A scorer that teacher-forces a verispec engine's target: each outcome's probability is the
+    product of its tokens' probabilities under the sampling law (temperature, truncation,
+    penalties, the vocabulary cut: :func:`~verispec.sampling.to_probs`, as plain decoding applies
+    it); an outcome shorter than ``length`` (the tokens tested) ended at an end-of-sequence id, which the engine does
+    not output, so the stop's probability is multiplied in. The pass is a prefill rather than plain
+    decoding's one-token passes, so the scores may differ from the sampler's law by the kernels'
+    rounding (far below any detectable TV)."""
+    import torch
+
+    from verispec.sampling import TokenHistory, cut_vocab, to_probs
+
+    model, vocab = engine.target, engine.vocab_limit
+    stops = [t for t in engine.eos_token_ids if 0 <= t < vocab]
+
+    @torch.inference_mode()
+    def score(
+        text: str, prompt: Sequence[int], outcomes: Sequence[tuple[int, ...]], params: SamplingParams, length: int
+    ) -> list[float | None]:
+        if not prompt:
+            raise ConfigError("scoring needs a prompt of at least one token")
+        out: list[float | None] = []
+        for outcome in outcomes:
+            stopped = len(outcome) < length
+            if stopped and not stops:
+                out.append(None)  # (cut short with no end-of-sequence id known: tested within the rest)
+                continue
+            n = len(outcome) + stopped  # (one more row: the stop's law after the outcome)
+            ids = list(prompt) + list(outcome if stopped else outcome[:-1])
+            cache = model.new_cache(1, len(ids) + 1)
+            slot = cache.add_sequence()
+            tokens = torch.tensor([ids], dtype=torch.long, device=model.device)  # [1, P + n - 1]
+            logits = model.forward(tokens, None, cache, num_new=[len(ids)], slots=[slot])[0, len(prompt) - 1 :]
+            logits = cut_vocab(logits.float(), vocab)[:, :vocab]  # [n, V]
+            history = None
+            if params.uses_history:
+                history = TokenHistory.from_ids([prompt] * n, [outcome[:i] for i in range(n)], vocab, model.device)
+            probs = to_probs(logits, [params] * n, history).to(torch.float64)  # [n, V]
+            rows = torch.arange(len(outcome), device=model.device)
+            picked = probs[rows, torch.tensor(outcome, dtype=torch.long, device=model.device)]
+            stop = float(probs[-1, stops].sum()) if stopped else 1.0
+            out.append(float(picked.prod()) * stop)
+        return out
+
+    return score
+
+
 @dataclass
 class PromptResult:
     prompt: str
@@ -71,6 +128,8 @@ class DeploymentReport:
     samples: int = 0
     tokens: int = 0
     params: dict[str, Any] = field(default_factory=dict)
+    mode: str = "two-sample"  # or "goodness-of-fit": the baseline scored the speculative samples
+    pilot: int = 0  # goodness of fit: samples drawn first to choose the cells
 
     @property
     def p_value(self) -> float:
@@ -88,7 +147,8 @@ class DeploymentReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "passed": self.passed, "p_value": self.p_value, "combine": self.method, "alpha": self.alpha,
-            "samples_per_arm": self.samples, "tokens": self.tokens, "params": self.params,
+            "mode": self.mode, "samples_per_arm": self.samples, "pilot": self.pilot, "tokens": self.tokens,
+            "params": self.params,
             "detectable_tv": self.detectable_tv,
             "prompts": [
                 {"prompt": p.prompt, "distinct": p.distinct, "seconds": p.seconds, **p.result.to_dict()}
@@ -115,16 +175,7 @@ def certify_arms(
     docstring). Each request asks for ``tokens + lookahead`` tokens: engines do not draft past
     ``max_tokens``, so without room after the tested prefix its tokens would all come from plain
     decoding steps and the test would see no speculation at all."""
-    if samples < 2 or not 1 <= tokens <= 64:
-        raise ConfigError("--samples must be >= 2 and --tokens in 1..64")
-    if params.temperature == 0:
-        raise ConfigError("a two-sample test compares sampled laws: use a temperature > 0 (greedy output is "
-                          "compared token for token by verispec bench and the test suite)")  # fmt: skip
-    params = replace(params, max_tokens=tokens + lookahead)
-    report = DeploymentReport(method=method, alpha=alpha, samples=samples, tokens=tokens)
-    if lookahead < 0:
-        raise ConfigError(f"lookahead must be >= 0, got {lookahead}")
-    report.params = {k: v for k, v in asdict(params).items() if k not in ("seed", "stop", "logit_bias")}
+    params, report = _start(params, samples, tokens, lookahead, alpha, method)
     for i, (text, ids) in enumerate(prompts):
         start = time.perf_counter()
         base_seed = seed * 1_000_003 + i * 4 * samples
@@ -135,3 +186,62 @@ def certify_arms(
         if progress is not None:
             progress(i + 1, len(prompts))
     return report
+
+
+def certify_fit(
+    scorer: Scorer,
+    speculative: Arm,
+    prompts: Sequence[tuple[str, Sequence[int]]],
+    params: SamplingParams,
+    *,
+    samples: int,
+    tokens: int,
+    pilot: int | None = None,
+    alpha: float = 0.01,
+    method: str = "holm",
+    seed: int = 0,
+    lookahead: int = 8,
+    progress: Progress | None = None,
+) -> DeploymentReport:
+    """The goodness-of-fit mode (:mod:`verispec.certify.fit`): per prompt, ``pilot`` speculative
+    samples (default ``max(50, samples // 4)``) choose the cells, the baseline scores them, and
+    ``samples`` further speculative samples are tested against the scores."""
+    params, report = _start(params, samples, tokens, lookahead, alpha, method)
+    pilot = max(50, samples // 4) if pilot is None else pilot
+    if pilot < 1:
+        raise ConfigError(f"the pilot sample must be >= 1, got {pilot}")
+    report.mode, report.pilot = "goodness-of-fit", pilot
+    for i, (text, ids) in enumerate(prompts):
+        start = time.perf_counter()
+        drawn = [
+            c[:tokens] for c in speculative(text, ids, params, pilot + samples, seed * 1_000_003 + i * 4 * samples)
+        ]
+        cells = fit_cells(drawn[:pilot])
+        scores = scorer(text, ids, cells, params, tokens)
+        if len(scores) != len(cells):
+            raise ConfigError(f"the scorer returned {len(scores)} scores for {len(cells)} outcomes")
+        test = drawn[pilot:]
+        result = fit_test(
+            test, dict(zip(cells, scores, strict=True)), alpha=alpha / max(1, len(prompts)), seed=seed + i
+        )
+        report.prompts.append(PromptResult(text, result, len(set(test)), time.perf_counter() - start))
+        if progress is not None:
+            progress(i + 1, len(prompts))
+    return report
+
+
+def _start(
+    params: SamplingParams, samples: int, tokens: int, lookahead: int, alpha: float, method: str
+) -> tuple[SamplingParams, DeploymentReport]:
+    """The checked parameters of a run (``max_tokens`` = tested tokens + lookahead) and its empty report."""
+    if samples < 2 or not 1 <= tokens <= 64:
+        raise ConfigError("--samples must be >= 2 and --tokens in 1..64")
+    if params.temperature == 0:
+        raise ConfigError("a two-sample test compares sampled laws: use a temperature > 0 (greedy output is "
+                          "compared token for token by verispec bench and the test suite)")  # fmt: skip
+    if lookahead < 0:
+        raise ConfigError(f"lookahead must be >= 0, got {lookahead}")
+    params = replace(params, max_tokens=tokens + lookahead)
+    report = DeploymentReport(method=method, alpha=alpha, samples=samples, tokens=tokens)
+    report.params = {k: v for k, v in asdict(params).items() if k not in ("seed", "stop", "logit_bias")}
+    return params, report

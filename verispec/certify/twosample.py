@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,18 +106,29 @@ def detectable_tv(share: np.ndarray, n_a: int, n_b: int, dof: int, alpha: float,
     p = np.sort(np.asarray(share, dtype=np.float64))[::-1]
     if len(p) < 2 or dof < 1:
         return 1.0
-    critical = float(stats.chi2.isf(alpha, dof))
     scale = n_a * n_b / (n_a + n_b)
 
-    def detected(d: float) -> bool:
+    def noncentrality(d: float) -> float:
         q = p.copy()
         q[0] -= d
         q[1] += d
         m = (n_a * p + n_b * q) / (n_a + n_b)
-        lam = scale * float(((p - q) ** 2 / np.where(m > 0, m, 1.0)).sum())
-        return float(stats.ncx2.sf(critical, dof, lam)) >= power
+        return scale * float(((p - q) ** 2 / np.where(m > 0, m, 1.0)).sum())
 
-    high = float(p[0])
+    return smallest_detected(noncentrality, float(p[0]), dof, alpha, power)
+
+
+def smallest_detected(
+    noncentrality: Callable[[float], float], high: float, dof: int, alpha: float, power: float = POWER
+) -> float:
+    """The smallest shift ``d`` in ``(0, high]`` whose chi-square noncentrality makes a ``dof``
+    test at level ``alpha`` reject with ``power`` (bisection; power grows with ``d``); 1.0 when
+    even ``high`` is not detected."""
+    critical = float(stats.chi2.isf(alpha, dof))
+
+    def detected(d: float) -> bool:
+        return float(stats.ncx2.sf(critical, dof, noncentrality(d))) >= power
+
     if not detected(high):
         return 1.0
     low = 0.0
