@@ -43,6 +43,29 @@ def test_a_deployment_is_certified_by_two_samples(
     assert 0.0 <= first["p_value"] <= 1.0 and 0.0 < first["detectable_tv"] <= 1.0 and first["n_a"] == 150
 
 
+def test_goodness_of_fit_with_prompts_from_jsonl_and_an_html_page(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps("hello <b>1</b>\nworld") + "\n" + json.dumps({"prompt": "hello 2"}) + "\n")
+    page = tmp_path / "certify.html"
+    args = ["certify", "--target", str(models["target"]), "--draft", str(models["draft"]), "--dtype", "fp32",
+            "--prompts", str(prompts), "--samples", "200", "--tokens", "2", "--k", "2", "--fit", "--html", str(page),
+            "--json"]  # fmt: skip
+    assert run(*args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "goodness-of-fit" and out["pilot"] == 50 and out["prompts"][0]["prompt"].endswith("\nworld")
+    assert all(p["n_a"] == 0 and p["method"] == "goodness-of-fit" for p in out["prompts"])
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "detectable TV" in text
+    assert "<b>1" not in text and "&lt;b&gt;1" in text  # (prompts are escaped)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    assert run(*args[:-6], "--prompts", str(bad)) == 2
+    assert "line 1 is not JSON" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -106,7 +129,7 @@ def test_two_endpoints_are_certified(
 ) -> None:
     args = ["certify", "--endpoint-baseline", servers["plain"], "--endpoint-spec", servers[spec], "--model", "m",
             "--tokenizer", str(models["target"]), "--prompts", str(models["prompts"]), "--samples", "600",
-            "--tokens", "2", "--temperature", "0.8", "--json"]  # fmt: skip
+            "--tokens", "2", "--temperature", "0.8", "--concurrency", "4", "--json"]  # fmt: skip
     assert run(*args) == status
     out = json.loads(capsys.readouterr().out)
     assert out["passed"] is (status == 0) and out["tokenizer"] == str(models["target"])

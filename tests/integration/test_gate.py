@@ -46,7 +46,7 @@ def test_cli_gate_on_tiny_gguf_pair(tmp_path: Path, capsys: pytest.CaptureFixtur
         "gate", "--target", str(target), "--draft", str(draft), "--k", "3", "--dtype", "fp32",
         "--prompts", str(prompts), "--concurrency", "1,2", "--max-tokens", "8", "--humaneval", str(humaneval),
         "--humaneval-max-tokens", "8", "--ppl-tokens", "24", "--bootstrap", "200", "--max-len", "1024",
-        "--html", str(html), "--json", str(data), "--png", str(tmp_path / "gate.png"),
+        "--html", str(html), "--json", str(data), "--png", str(tmp_path / "gate.png"), "--law-samples", "40",
     ])  # fmt: skip
     result = json.loads(data.read_text())  # strict JSON: parses, no NaN
     verdicts = [v["verdict"] for v in result["verdicts"]]
@@ -65,11 +65,16 @@ def test_cli_gate_on_tiny_gguf_pair(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert abs(quality["perplexity"]["delta_nll"]["value"]) < 1e-4  # fp32: the two paths agree closely
     if humaneval:
         assert quality["humaneval"]["measured"] and quality["humaneval"]["problems"] == 2
+    law = quality["output_law"]
+    assert law["measured"] and law["samples_per_arm"] == 40 and law["tokens"] == 2 and len(law["prompts"]) == 6
+    assert law["params"]["temperature"] == 1.0 and law["passed"]  # (the gate's runs are greedy: tested at T = 1)
+    criteria = [c for v in result["verdicts"] for c in v["criteria"] if c["name"] == "quality"]
+    assert all("output law p = " in c["reason"] for c in criteria)
     assert result["memory"]["spec"]["drafter_weight_bytes"] > 0 == result["memory"]["baseline"]["drafter_weight_bytes"]
     assert result["memory"]["spec"]["target_weight_bytes"] == result["memory"]["baseline"]["target_weight_bytes"]
     text = html.read_text()
     self_contained(text)
-    assert all(v in text for v in verdicts) and "a_min" in text
+    assert all(v in text for v in verdicts) and "a_min" in text and "detectable TV" in text
     assert "verispec gate" in capsys.readouterr().out
     assert (tmp_path / "gate.png").read_bytes().startswith(b"\x89PNG")
 
@@ -91,6 +96,7 @@ def test_gate_against_external_endpoints() -> None:
     assert lv["c"] == lv["c_inferred_from_tpot"] is not None
     assert not result["quality"]["perplexity"]["measured"]
     assert "prompt logprobs" in result["quality"]["perplexity"]["reason"]
+    assert "give --tokenizer" in result["quality"]["output_law"]["reason"]
     assert lv["verdict"]["verdict"] in ("NO-GO", "INCONCLUSIVE")
     quality = next(c for c in lv["verdict"]["criteria"] if c["name"] == "quality")
     assert quality["status"] == "unknown"

@@ -80,6 +80,16 @@ def test_quality_regressions() -> None:
     assert decide(level(), QualityMeasurement(delta_nll=iv(-0.05, -0.07, -0.03))).verdict == GO
 
 
+def test_the_output_law_criterion() -> None:
+    law = {"p_value": 0.4, "alpha": 0.01, "prompts": [{}] * 6, "samples_per_arm": 200, "tokens": 2,
+           "detectable_tv": 0.12}  # fmt: skip
+    v = decide(level(), QualityMeasurement(law=law))
+    assert v.verdict == GO and "unchanged at that resolution" in v.criteria[2].reason
+    assert "detectable TV 0.120" in v.criteria[2].reason
+    v = decide(level(), QualityMeasurement(delta_nll=iv(0.0, -1e-6, 1e-6), law=law | {"p_value": 1e-5}))
+    assert v.verdict == NO_GO and "the laws differ" in v.reasons[0]
+
+
 def test_unknowns_are_inconclusive_never_go() -> None:
     assert decide(level(c=None, c_source="unknown"), GOOD_QUALITY).verdict == INCONCLUSIVE
     assert decide(level(k=None, alpha=None), GOOD_QUALITY).verdict == INCONCLUSIVE

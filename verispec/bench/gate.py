@@ -328,4 +328,9 @@ def quality_measurement(quality: dict[str, Any], settings: GateSettings, lossles
         q.delta_nll = Interval(**ppl["delta_nll"])
     else:
         q.skipped.append(f"perplexity: {ppl.get('reason', 'not run')}")
+    law = quality.get("output_law") or {}
+    if law.get("measured"):
+        q.law = law
+    else:
+        q.skipped.append(f"output law: {law.get('reason', 'not run')}")
     return q

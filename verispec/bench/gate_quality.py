@@ -1,4 +1,5 @@
-"""The gate's quality step: greedy equality over the sweep, perplexity, HumanEval pass@1.
+"""The gate's quality step: greedy equality over the sweep, perplexity, HumanEval pass@1, and
+whether the output law is unchanged (a two-sample test, :mod:`verispec.certify.deployment`).
 
 Each check runs on both deployments and says when it could not run and why (a missing package,
 an endpoint without prompt logprobs, ...); the verdict then treats quality as not measured.
@@ -47,7 +48,66 @@ def measure_quality(
         "greedy_equality": equality,
         "perplexity": perplexity(baseline, spec, runs, settings, progress, k_hint),
         "humaneval": humaneval(baseline, spec, settings, progress),
+        "output_law": output_law(baseline, spec, settings, progress),
     }
+
+
+LAW_LOOKAHEAD = 4  # tokens asked past the tested ones, so that drafts reach into them
+
+
+def output_law(
+    baseline: Deployment, spec: Deployment, settings: GateSettings, progress: GateProgress
+) -> dict[str, Any]:
+    """Two-sample test of the deployments' output laws (:mod:`verispec.certify.deployment`): the
+    first ``law_tokens`` tokens after each of the low-entropy ``CERTIFY_PROMPTS``, ``law_samples``
+    per arm, one request per sample (its own seed), at the gate's temperature (1 when it is greedy),
+    through the deployments' APIs."""
+    from verispec.certify.deployment import CERTIFY_PROMPTS, certify_arms
+    from verispec.certify.endpoint import EndpointError, endpoint_arm
+    from verispec.config import SamplingParams
+
+    if settings.law_samples == 0:
+        return {"measured": False, "reason": "skipped (--law-samples 0)"}
+    tokenizer = spec.local.engine.tokenizer if spec.local is not None else None
+    if tokenizer is None and settings.tokenizer:
+        from verispec.formats.loader import load_tokenizer
+
+        try:
+            tokenizer = load_tokenizer(settings.tokenizer)
+        except ConfigError as exc:
+            return {"measured": False, "reason": str(exc)}
+    if tokenizer is None:
+        return {"measured": False, "reason": "external endpoints: give --tokenizer MODEL to compare their output laws"}
+
+    def decode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    concurrency = max(settings.concurrency or (1,))
+    baseline_arm, spec_arm = (
+        endpoint_arm(
+            dep.url,
+            dep.model or "",
+            decode,
+            per_request=1,
+            api_key=dep.api_key,
+            timeout=settings.timeout,
+            concurrency=concurrency,
+        )
+        for dep in (baseline, spec)
+    )
+    temperature = settings.temperature if settings.temperature > 0 else 1.0
+    prompts = [(text, tokenizer.encode(text, add_special_tokens=False)) for text in CERTIFY_PROMPTS]
+    progress.stage(f"output law ({settings.law_samples} + {settings.law_samples} samples per prompt)", len(prompts))
+    try:
+        report = certify_arms(
+            baseline_arm, spec_arm, prompts, SamplingParams(temperature=temperature), samples=settings.law_samples,
+            tokens=settings.law_tokens, lookahead=LAW_LOOKAHEAD, seed=settings.seed,
+            progress=lambda done, total: progress.advance(),
+        )  # fmt: skip
+    except (EndpointError, ConfigError) as exc:
+        return {"measured": False, "reason": str(exc)}
+    note = "at temperature 1 (the gate's runs are greedy)" if settings.temperature == 0 else "at the gate's temperature"
+    return {"measured": True, "note": note} | report.to_dict()
 
 
 def _spec_k(spec: Deployment, runs: list[dict[str, list[Run]]], k_hint: int | None) -> int:

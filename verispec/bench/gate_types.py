@@ -35,6 +35,9 @@ class GateSettings:
     bootstrap: int = 2000
     confidence: float = 0.95
     ppl_margin: float = 0.01
+    law_samples: int = 200  # per arm and prompt of the output-law test (0: skip)
+    law_tokens: int = 2
+    tokenizer: str | None = None  # external endpoints: turns their text into ids for the output-law test
     seed: int = 0
     timeout: float = 600.0
 
@@ -46,7 +49,9 @@ class GateSettings:
         for name in ("max_tokens", "repeats", "bootstrap", "humaneval_max_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("humaneval", "ppl_tokens", "warmup"):
+        if not 1 <= self.law_tokens <= 64:
+            raise ConfigError(f"law-tokens must be in 1..64, got {self.law_tokens}")
+        for name in ("humaneval", "ppl_tokens", "warmup", "law_samples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not 0.5 <= self.confidence < 1.0:

@@ -228,6 +228,13 @@ def _quality_html(q: dict[str, Any]) -> str:
                              for p in he["per_problem"]]))  # fmt: skip
     else:
         parts.append(f"<p><b>HumanEval</b>: not measured ({html.escape(he.get('reason', ''))}).</p>")
+    law = q.get("output_law") or {}
+    if law.get("measured"):
+        from verispec.certify.html import deployment_section
+
+        parts.append(f"<p><b>Output law</b> ({html.escape(law.get('note', ''))}):</p>{deployment_section(law)}")
+    else:
+        parts.append(f"<p><b>Output law</b>: not measured ({html.escape(law.get('reason', 'not run'))}).</p>")
     return "".join(parts)
 
 

@@ -55,6 +55,7 @@ class QualityMeasurement:
     delta_nll: Interval | None = None  # mean NLL, spec - baseline (nats per token)
     ppl_margin: float = 0.01
     lossless: bool | None = True
+    law: dict[str, Any] | None = None  # the output-law test's report (DeploymentReport.to_dict)
     skipped: list[str] = field(default_factory=list)
 
 
@@ -138,6 +139,15 @@ def quality_criterion(q: QualityMeasurement) -> Criterion:
         worse = d.low > 0.0 and ratio - 1.0 > q.ppl_margin
         margin = f", worse beyond noise and beyond the {100 * q.ppl_margin:g}% margin"
         (fails if worse else passes).append(text + (margin if worse else ", within noise"))
+    if q.law is not None:
+        law = q.law
+        text = (f"output law p = {law['p_value']:.3g} over {len(law['prompts'])} prompts "
+                f"({law['samples_per_arm']} samples per arm, first {law['tokens']} tokens; "
+                f"detectable TV {law['detectable_tv']:.3f})")  # fmt: skip
+        changed = law["p_value"] < law["alpha"]
+        (fails if changed else passes).append(
+            text + (", the laws differ" if changed else ", unchanged at that resolution")
+        )
     if fails:
         return Criterion(name, "fail", "quality regression: " + "; ".join(fails))
     if not passes:

@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 from verispec.config import SamplingParams
@@ -184,6 +185,13 @@ def register(sub: Any) -> None:
     real.add_argument(
         "--combine", default="holm", choices=["holm", "fisher"], help="how prompts combine (default holm)"
     )
+    real.add_argument(
+        "--fit", action="store_true",
+        help="goodness of fit: the baseline scores the speculative samples instead of drawing its own (locally "
+        "the target, teacher forced; an endpoint by prompt logprobs with echo, as vLLM answers): more power per "
+        "sample. Endpoints: temperature 1, no truncation or penalties",
+    )  # fmt: skip
+    real.add_argument("--html", type=Path, default=None, help="also write the result as an HTML page here")
     ends = p.add_argument_group(
         "two deployments behind OpenAI-compatible APIs (vLLM, SGLang, llama-server, verispec serve)"
     )
@@ -192,9 +200,14 @@ def register(sub: Any) -> None:
     ends.add_argument("--model", default=None, help="the model name the endpoints serve (their /v1/models id)")
     ends.add_argument(
         "--tokenizer", default=None,
-        help="whose tokenizer turns the returned text into tokens (a model name, .gguf or folder; required)",
+        help="whose tokenizer turns the returned text into tokens (a model name, .gguf or folder; required "
+        "except with --fit, which asks the endpoints for token ids)",
     )  # fmt: skip
     ends.add_argument("--api-key", default=None, help="bearer token for both endpoints")
+    ends.add_argument(
+        "--concurrency", type=int, default=1,
+        help="requests in flight at once per endpoint (default 1; each request its own seed either way)",
+    )  # fmt: skip
     ends.add_argument(
         "--max-requests", type=int, default=10_000, help="requests to each endpoint at most (default 10000)"
     )
@@ -269,7 +282,7 @@ def run_deployment(args: argparse.Namespace, endpoints: bool = False) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from verispec.certify.deployment import CERTIFY_PROMPTS, certify_arms
+    from verispec.certify.deployment import CERTIFY_PROMPTS, certify_arms, certify_fit
 
     samples = 1000 if args.samples is None else args.samples
     alpha = 0.01 if args.alpha is None else args.alpha
@@ -295,23 +308,35 @@ def run_deployment(args: argparse.Namespace, endpoints: bool = False) -> int:
     else:
         arms, tokenizer, name = _local_arms(args, err)
     texts = list(CERTIFY_PROMPTS) if args.prompts == "certify" else _prompt_texts(args.prompts)
-    prompts = [(t, tokenizer.encode(t)) for t in texts]
+    prompts = [(t, tokenizer.encode(t) if tokenizer is not None else []) for t in texts]
     from rich.progress import Progress
 
     with Progress(console=err, transient=True) as bar:
-        task = bar.add_task(f"sampling {samples} + {samples} continuations per prompt", total=len(prompts))
-        report = certify_arms(
-            *arms, prompts, params, samples=samples, tokens=args.tokens, alpha=alpha, method=args.combine,
-            seed=args.seed, progress=lambda done, total: bar.update(task, completed=done),
-        )  # fmt: skip
+        what = f"sampling {samples} speculative continuations per prompt, scored by the baseline" if args.fit else (
+            f"sampling {samples} + {samples} continuations per prompt")  # fmt: skip
+        task = bar.add_task(what, total=len(prompts))
+        common = {"samples": samples, "tokens": args.tokens, "alpha": alpha, "method": args.combine,
+                  "seed": args.seed, "progress": lambda done, total: bar.update(task, completed=done)}  # fmt: skip
+        report = (
+            certify_fit(*arms, prompts, params, **common)
+            if args.fit
+            else certify_arms(*arms, prompts, params, **common)
+        )
     drafter = "endpoints" if endpoints else args.drafter
     out = report.to_dict() | {"target": name, "drafter": drafter}
     if endpoints:
         out |= {"baseline": args.endpoint_baseline, "speculative": args.endpoint_spec, "tokenizer": args.tokenizer}
+    if args.html is not None:
+        from verispec.certify.html import deployment_page
+        from verispec.formats.files import atomic_path
+
+        with atomic_path(args.html) as tmp:
+            tmp.write_text(deployment_page(out), encoding="utf-8")
     if args.json:
         print(json.dumps(out, indent=2))
         return 0 if report.passed else 1
-    table = Table(title=f"{name}: plain vs speculative ({drafter}), {samples} per arm, first {args.tokens} tokens")
+    how = "scored by the baseline" if args.fit else "per arm"
+    table = Table(title=f"{name}: plain vs speculative ({drafter}), {samples} {how}, first {args.tokens} tokens")
     for col in ("prompt", "outcomes", "p", "TV [95% CI]", "detectable TV", "s"):
         table.add_column(col, justify="left" if col == "prompt" else "right")
     for p in report.prompts:
@@ -335,11 +360,19 @@ def _endpoint_arms(args: argparse.Namespace, err: Any) -> tuple[tuple[Any, Any],
     from verispec.certify.endpoint import endpoint_arm
     from verispec.formats.loader import load_tokenizer
 
-    if not (args.endpoint_baseline and args.endpoint_spec and args.model and args.tokenizer):
+    if not (args.endpoint_baseline and args.endpoint_spec and args.model and (args.tokenizer or args.fit)):
         raise ConfigError("certify endpoints with --endpoint-baseline URL --endpoint-spec URL --model NAME "
                           "--tokenizer MODEL together (the tokenizer turns the returned text into tokens)")  # fmt: skip
-    if args.max_requests < 1 or args.batch < 1:
-        raise ConfigError("--max-requests and --batch must be >= 1")
+    if args.max_requests < 1 or args.batch < 1 or args.concurrency < 1:
+        raise ConfigError("--max-requests, --batch and --concurrency must be >= 1")
+    if args.fit:
+        from verispec.certify.endpoint import endpoint_scorer
+
+        options = {"api_key": args.api_key, "max_requests": args.max_requests}
+        scorer = endpoint_scorer(args.endpoint_baseline, args.model, **options)
+        sampler = endpoint_arm(args.endpoint_spec, args.model, None, per_request=1, token_ids=True,
+                               concurrency=args.concurrency, **options)  # fmt: skip
+        return (scorer, sampler), None, args.model
     tokenizer = load_tokenizer(args.tokenizer)
 
     def decode(text: str) -> list[int]:
@@ -347,14 +380,15 @@ def _endpoint_arms(args: argparse.Namespace, err: Any) -> tuple[tuple[Any, Any],
 
     # One continuation per request, each with its own seed: llama-server draws the n samples of one
     # request from one seed (whole runs of identical continuations), which breaks independence.
-    options = {"per_request": 1, "api_key": args.api_key, "max_requests": args.max_requests}
+    options = {"per_request": 1, "api_key": args.api_key, "max_requests": args.max_requests,
+               "concurrency": args.concurrency}  # fmt: skip
     baseline = endpoint_arm(args.endpoint_baseline, args.model, decode, **options)
     speculative = endpoint_arm(args.endpoint_spec, args.model, decode, **options)
     return (baseline, speculative), tokenizer, args.model
 
 
 def _local_arms(args: argparse.Namespace, err: Any) -> tuple[tuple[Any, Any], Any, str]:
-    from verispec.certify.deployment import engine_arm
+    from verispec.certify.deployment import engine_arm, engine_scorer
     from verispec.config import EngineConfig
     from verispec.engine import Engine
     from verispec.pipeline import build, check_device, machine_defaults
@@ -374,12 +408,11 @@ def _local_arms(args: argparse.Namespace, err: Any) -> tuple[tuple[Any, Any], An
         pipe.target.model, pipe.target.tokenizer, None, EngineConfig(max_batch=args.batch, max_len=1024),
         vocab_limit=pipe.target.vocab_size,
     )  # fmt: skip
-    return (engine_arm(plain, args.batch), engine_arm(pipe.engine, args.batch)), pipe.target.tokenizer, pipe.target.name
+    baseline = engine_scorer(plain) if args.fit else engine_arm(plain, args.batch)
+    return (baseline, engine_arm(pipe.engine, args.batch)), pipe.target.tokenizer, pipe.target.name
 
 
 def _prompt_texts(spec: str) -> list[str]:
-    from pathlib import Path
-
     from verispec.bench.prompts import SET_NAMES, prompt_set
 
     if spec in SET_NAMES:
@@ -388,9 +421,23 @@ def _prompt_texts(spec: str) -> list[str]:
     if not path.is_file():
         raise ConfigError(f"--prompts {spec!r} is neither certify, a prompt set ({', '.join(SET_NAMES)}) nor a file")
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix == ".jsonl":  # one JSON string (or {"prompt": ...}) per line: prompts with newlines
+        lines = [_jsonl_prompt(line, spec, i + 1) for i, line in enumerate(lines)]
     if not lines:
         raise ConfigError(f"--prompts {spec!r} holds no prompt")
     return lines
+
+
+def _jsonl_prompt(line: str, spec: str, number: int) -> str:
+    try:
+        value = json.loads(line)
+    except ValueError as exc:
+        raise ConfigError(f"--prompts {spec!r} line {number} is not JSON ({exc})") from exc
+    if isinstance(value, dict):
+        value = value.get("prompt")
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f'--prompts {spec!r} line {number}: give a JSON string or an object with a "prompt" string')
+    return value
 
 
 def run_trees(args: argparse.Namespace) -> int:

@@ -108,6 +108,16 @@ def register(sub: Any) -> None:
         default=0.01,
         help="perplexity increase tolerated when statistically significant (default 0.01 = 1%%)",
     )
+    p.add_argument(
+        "--law-samples", type=int, default=200,
+        help="output-law test: samples per deployment and prompt, one request each (default 200; 0 = skip); "
+        "see verispec certify for a finer test",
+    )  # fmt: skip
+    p.add_argument("--law-tokens", type=int, default=2, help="output-law test: tokens tested (default 2)")
+    p.add_argument(
+        "--tokenizer", default=None,
+        help="external endpoints: the model's tokenizer (name, .gguf or folder) for the output-law test",
+    )  # fmt: skip
     p.add_argument("--confidence", type=float, default=0.95, help="confidence of every interval (default 0.95)")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the Poisson arrivals (default 0)")
@@ -181,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         humaneval_executor=args.humaneval_executor, humaneval_untrusted=external,
         trust_endpoint_code=args.trust_endpoint_code, ppl_tokens=args.ppl_tokens, ppl_text=ppl_text,
         bootstrap=args.bootstrap, confidence=args.confidence, ppl_margin=args.ppl_margin, seed=args.seed,
-        timeout=args.timeout,
+        timeout=args.timeout, law_samples=args.law_samples, law_tokens=args.law_tokens, tokenizer=args.tokenizer,
     )  # fmt: skip
     prompts = load_prompts(args)
     err = Console(stderr=True)
