@@ -55,7 +55,7 @@ def sampler(broken: str | None) -> Callable[[np.random.Generator, float, int], s
 
 
 def fake_server(
-    broken: str | None = None, *, busy: int = 0, reply: dict | None = None, echo: bool = True
+    broken: str | None = None, *, busy: int = 0, reply: dict | None = None, echo: bool = True, shared_seed: bool = False
 ) -> httpx.Client:
     state = {"busy": busy, "requests": 0}
 
@@ -81,6 +81,8 @@ def fake_server(
         rng = np.random.default_rng(body["seed"])
         draw = sampler(broken)
         texts = [draw(rng, body["temperature"], body["max_tokens"]) for _ in range(body["n"])]
+        if shared_seed:  # the n continuations of a request drawn from one seed, as llama-server does
+            texts = texts[:1] * body["n"]
         choices = [{"index": i, "text": t} for i, t in enumerate(texts)]
         if body.get("return_tokens_as_token_ids"):
             for choice in choices:
@@ -165,3 +167,12 @@ def test_concurrent_requests_draw_what_sequential_ones_draw() -> None:
     alone = arm(fake_server(), per_request=1)("p", [0], params, 40, 7)
     together = arm(fake_server(), per_request=1, concurrency=8)("p", [0], params, 40, 7)
     assert together == alone and len(set(alone)) > 5
+
+
+def test_continuations_drawn_from_one_seed_make_the_run_not_valid() -> None:
+    shared = [arm(fake_server(shared_seed=True), per_request=4) for _ in range(2)]
+    report = certify_arms(*shared, PROMPTS, SamplingParams(temperature=0.8), samples=400, tokens=2, lookahead=0)
+    assert not report.valid and report.correlated == ["'p' (baseline)", "'p' (speculative)"]
+    fine = certify_arms(arm(fake_server(), per_request=4), arm(fake_server(), per_request=4), PROMPTS,
+                        SamplingParams(temperature=0.8), samples=400, tokens=2, lookahead=0)  # fmt: skip
+    assert fine.valid and fine.to_dict()["prompts"][0]["independence_p"]["speculative"] > 1e-4

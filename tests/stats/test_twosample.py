@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from verispec.certify.twosample import combine, detectable_tv, pool, table, two_sample_test
+from verispec.certify.twosample import combine, detectable_tv, independence_p, pool, table, two_sample_test
 from verispec.errors import ConfigError
 
 LAW = np.array([0.45, 0.25, 0.12, 0.08, 0.05, 0.03, 0.01, 0.005, 0.005])
@@ -75,3 +75,11 @@ def test_holm_and_fisher_combine() -> None:
         combine([0.1], "stouffer")
     with pytest.raises(ConfigError):
         two_sample_test([], [1])
+
+
+def test_runs_of_identical_samples_are_flagged_as_not_independent() -> None:
+    rng = np.random.default_rng(4)
+    independent = [independence_p(draw(rng, LAW, 300), seed=i) for i in range(40)]
+    assert min(independent) > 1e-3  # (500 reorderings: the smallest p-value is 1/501)
+    clustered = [x for x in draw(rng, LAW, 75) for _ in range(4)]  # 4 continuations per seed, as llama-server's n
+    assert independence_p(clustered) < 1e-6 and independence_p([1, 1]) == 1.0

@@ -329,7 +329,9 @@ def quality_measurement(quality: dict[str, Any], settings: GateSettings, lossles
     else:
         q.skipped.append(f"perplexity: {ppl.get('reason', 'not run')}")
     law = quality.get("output_law") or {}
-    if law.get("measured"):
+    if law.get("measured") and law.get("valid") is False:
+        q.skipped.append("output law: not valid (a deployment's samples came in runs of identical outcomes)")
+    elif law.get("measured"):
         q.law = law
     else:
         q.skipped.append(f"output law: {law.get('reason', 'not run')}")

@@ -14,7 +14,10 @@ samples and its samples are tested against the baseline's probabilities (:mod:`v
 Power comes from low-entropy outcomes: a few tokens (``tokens`` = 2..4) after prompts whose
 continuation is nearly determined, at temperature 1, so that the outcomes fall in few cells and
 each is seen often (the built-in ``certify`` prompt set is made of such prompts; the report gives
-each prompt's detectable TV, so a weak run shows as weak).
+each prompt's detectable TV, so a weak run shows as weak). Each arm's samples are also checked for
+independence in the order drawn (:func:`~verispec.certify.twosample.independence_p`): a server
+that draws several continuations from one seed makes runs of identical ones, and the report is
+then marked not valid instead of passing or failing on a broken assumption.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from verispec.certify.fit import fit_cells, fit_test
-from verispec.certify.twosample import TwoSampleResult, combine, two_sample_test
+from verispec.certify.twosample import TwoSampleResult, combine, independence_p, two_sample_test
 from verispec.config import SamplingParams
 from verispec.errors import ConfigError
 
@@ -112,12 +115,17 @@ def engine_scorer(engine: Any) -> Scorer:
     return score
 
 
+#: Below this, an arm's samples on a prompt are taken to be correlated (the run is not valid).
+INDEPENDENCE_ALPHA = 1e-4
+
+
 @dataclass
 class PromptResult:
     prompt: str
     result: TwoSampleResult
     distinct: int  # distinct continuations seen in both arms together
     seconds: float
+    independence: dict[str, float] = field(default_factory=dict)  # arm -> independence_p of its samples
 
 
 @dataclass
@@ -140,18 +148,31 @@ class DeploymentReport:
         return self.p_value >= self.alpha
 
     @property
+    def correlated(self) -> list[str]:
+        """ "prompt (arm)" for each arm whose samples came in runs of identical outcomes."""
+        return [f"{p.prompt!r} ({arm})" for p in self.prompts for arm, v in p.independence.items()
+                if v < INDEPENDENCE_ALPHA]  # fmt: skip
+
+    @property
+    def valid(self) -> bool:
+        """False when some arm's samples were not independent: the p-value then means nothing."""
+        return not self.correlated
+
+    @property
     def detectable_tv(self) -> float:
         """The smallest per-prompt detectable TV (the run's best resolution on any one prompt)."""
         return min((p.result.detectable_tv for p in self.prompts), default=1.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "passed": self.passed, "p_value": self.p_value, "combine": self.method, "alpha": self.alpha,
+            "passed": self.passed, "valid": self.valid, "correlated": self.correlated, "p_value": self.p_value,
+            "combine": self.method, "alpha": self.alpha,
             "mode": self.mode, "samples_per_arm": self.samples, "pilot": self.pilot, "tokens": self.tokens,
             "params": self.params,
             "detectable_tv": self.detectable_tv,
             "prompts": [
-                {"prompt": p.prompt, "distinct": p.distinct, "seconds": p.seconds, **p.result.to_dict()}
+                {"prompt": p.prompt, "distinct": p.distinct, "seconds": p.seconds, "independence_p": p.independence,
+                 **p.result.to_dict()}
                 for p in self.prompts
             ],
         }  # fmt: skip
@@ -182,7 +203,10 @@ def certify_arms(
         a = [c[:tokens] for c in baseline(text, ids, params, samples, base_seed)]
         b = [c[:tokens] for c in speculative(text, ids, params, samples, base_seed + 2 * samples)]  # (disjoint seeds)
         result = two_sample_test(a, b, alpha=alpha / max(1, len(prompts)), seed=seed + i)
-        report.prompts.append(PromptResult(text, result, len(set(a) | set(b)), time.perf_counter() - start))
+        independence = {"baseline": independence_p(a, seed=seed + i), "speculative": independence_p(b, seed=seed + i)}
+        report.prompts.append(
+            PromptResult(text, result, len(set(a) | set(b)), time.perf_counter() - start, independence)
+        )
         if progress is not None:
             progress(i + 1, len(prompts))
     return report
@@ -224,7 +248,8 @@ def certify_fit(
         result = fit_test(
             test, dict(zip(cells, scores, strict=True)), alpha=alpha / max(1, len(prompts)), seed=seed + i
         )
-        report.prompts.append(PromptResult(text, result, len(set(test)), time.perf_counter() - start))
+        independence = {"speculative": independence_p(drawn, seed=seed + i)}
+        report.prompts.append(PromptResult(text, result, len(set(test)), time.perf_counter() - start, independence))
         if progress is not None:
             progress(i + 1, len(prompts))
     return report

@@ -26,6 +26,10 @@ def deployment_section(result: dict[str, Any]) -> str:
     the caller adds: target, drafter, endpoints)."""
     passed = bool(result.get("passed"))
     verdict = "<span class=pass>pass</span>" if passed else "<span class=fail>FAIL</span>"
+    if result.get("valid") is False:
+        where = html.escape(", ".join(result.get("correlated", [])))
+        verdict = (f"<span class=fail>NOT VALID</span> (samples not independent: identical continuations in runs "
+                   f"from {where}); the test said {verdict}")  # fmt: skip
     fit = result.get("mode") == "goodness-of-fit"
     how = (
         f"{result.get('samples_per_arm')} speculative samples per prompt tested against the baseline's own "

@@ -16,6 +16,8 @@ empirical laws of the first n tokens differ.
   (:func:`detectable_tv`): the smallest TV the test would detect with power 0.8 at its level and
   N, for a shift of mass between the two likeliest outcomes (noncentral chi-square power). A pass
   bounds the difference at that level; it says nothing about differences smaller.
+- :func:`independence_p`: whether one arm's samples, in the order drawn, look independent (runs
+  of identical outcomes void the test's assumption).
 - :func:`combine`: one decision over prompts, by Holm's step-down adjustment (the family-wise
   p-value: controls the chance of any false alarm) or Fisher's method (more power when every
   prompt differs a little).
@@ -209,3 +211,23 @@ def combine(p_values: Sequence[float], method: str = "holm") -> float:
     if method == "fisher":
         return float(stats.combine_pvalues(np.maximum(ps, 1e-300), method="fisher").pvalue)
     raise ConfigError(f"combine method must be holm or fisher, got {method!r}")
+
+
+def independence_p(samples: Sequence[Hashable], rounds: int = 500, seed: int = 0) -> float:
+    """Do the samples, in the order drawn, look independent? The number of neighbours that are the
+    same outcome, against the same count after random reorderings (exact under independence,
+    which makes the order exchangeable): a one-sided permutation p-value, small when identical
+    outcomes come in runs, as when a server draws several continuations from one seed. Beyond
+    every reordering, the normal tail of the reorderings' counts (so that p-values below
+    ``1 / rounds`` can be told apart)."""
+    index: dict[Hashable, int] = {}
+    codes = np.array([index.setdefault(s, len(index)) for s in samples], dtype=np.int64)
+    if len(codes) < 3:
+        return 1.0
+    observed = int((codes[1:] == codes[:-1]).sum())
+    rng = np.random.default_rng(seed)
+    draws = np.array([int((p[1:] == p[:-1]).sum()) for p in (rng.permutation(codes) for _ in range(rounds))])
+    hits = int((draws >= observed).sum())
+    if hits == 0 and draws.std() > 0:
+        return float(min(1.0 / (rounds + 1), stats.norm.sf((observed - draws.mean()) / draws.std())))
+    return (hits + 1) / (rounds + 1)

@@ -334,7 +334,7 @@ def run_deployment(args: argparse.Namespace, endpoints: bool = False) -> int:
             tmp.write_text(deployment_page(out), encoding="utf-8")
     if args.json:
         print(json.dumps(out, indent=2))
-        return 0 if report.passed else 1
+        return 0 if report.passed and report.valid else 1
     how = "scored by the baseline" if args.fit else "per arm"
     table = Table(title=f"{name}: plain vs speculative ({drafter}), {samples} {how}, first {args.tokens} tokens")
     for col in ("prompt", "outcomes", "p", "TV [95% CI]", "detectable TV", "s"):
@@ -353,7 +353,12 @@ def run_deployment(args: argparse.Namespace, endpoints: bool = False) -> int:
         f"difference only at the detectable TV (best prompt {report.detectable_tv:.3f}); smaller differences "
         "are not excluded."
     )
-    return 0 if report.passed else 1
+    if not report.valid:
+        Console().print(
+            "[bold red]NOT VALID[/]: identical continuations came in runs (samples not independent) from "
+            f"{', '.join(report.correlated)}; does the server draw several continuations from one seed?"
+        )
+    return 0 if report.passed and report.valid else 1
 
 
 def _endpoint_arms(args: argparse.Namespace, err: Any) -> tuple[tuple[Any, Any], Any, str]:
