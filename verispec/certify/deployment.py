@@ -42,13 +42,16 @@ Scorer = Callable[[str, Sequence[int], Sequence[tuple[int, ...]], SamplingParams
 Progress = Callable[[int, int], None]
 
 #: Prompts whose first tokens are nearly determined (code and fixed phrases): the default set.
+#: Chosen by the probability of their likeliest 3-token continuation under the default target at
+#: temperature 1 (0.98, 0.74, 0.59, 0.55, 0.36, 0.35); "The capital of France is" (0.12) and
+#: "print(len(" (0.06) spread over hundreds of outcomes and were dropped.
 CERTIFY_PROMPTS = (
     "def fibonacci(n):\n    if n <= 1:\n        return",
+    "public static void main(String[]",
+    "import matplotlib.pyplot as",
+    "if __name__ ==",
     "import numpy as",
     "for i in range(",
-    "The capital of France is",
-    "x = [1, 2, 3, 4, 5]\nprint(len(",
-    "if __name__ ==",
 )
 
 
