@@ -1,7 +1,8 @@
 """Two-sample certification against OpenAI-compatible endpoints, on fake servers (httpx mock
 transports: no sockets, no downloads). A faithful speculative server passes against a faithful
-plain one; three deliberately broken ones are caught at the N the test uses (a biased residual, a
-bonus token taken from the draft, the temperature applied twice); the client retries 429/503,
+plain one (p-values uniform over repeated runs); three deliberately broken ones are caught at the
+N the test uses (a biased residual, a bonus token taken from the draft, the temperature applied
+twice); the client retries 429/503,
 refuses malformed answers, and never sends more requests than it was allowed. The goodness-of-fit
 mode (the baseline scores by echo, the speculative arm returns token ids) passes the faithful
 server, catches the broken ones with fewer samples, and refuses what it cannot score."""
@@ -16,6 +17,7 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
+from scipy import stats
 
 from verispec.certify.deployment import certify_arms, certify_fit
 from verispec.certify.endpoint import EndpointError, endpoint_arm, endpoint_scorer
@@ -176,3 +178,14 @@ def test_continuations_drawn_from_one_seed_make_the_run_not_valid() -> None:
     fine = certify_arms(arm(fake_server(), per_request=4), arm(fake_server(), per_request=4), PROMPTS,
                         SamplingParams(temperature=0.8), samples=400, tokens=2, lookahead=0)  # fmt: skip
     assert fine.valid and fine.to_dict()["prompts"][0]["independence_p"]["speculative"] > 1e-4
+
+
+def test_p_values_of_repeated_runs_between_faithful_servers_are_uniform() -> None:
+    ps = []
+    for run in range(60):
+        arms = (arm(fake_server(), per_request=8), arm(fake_server(), per_request=8))
+        params = SamplingParams(temperature=0.8)
+        report = certify_arms(*arms, PROMPTS, params, samples=240, tokens=2, lookahead=0, seed=run)
+        ps.append(report.p_value)
+    assert stats.kstest(ps, "uniform").pvalue > 1e-3
+    assert np.mean(np.array(ps) < 0.05) <= 0.12
