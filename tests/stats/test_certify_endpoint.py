@@ -77,9 +77,9 @@ def fake_server(
             ids = [0] if isinstance(body["prompt"], str) else body["prompt"]
             values = [None] + [math.log(law(TARGET, a, 1.0)[b]) for a, b in itertools.pairwise(ids)]
             tokens = [f"token_id:{i}" for i in [*ids, 0]]
-            return httpx.Response(
-                200, json={"choices": [{"text": "", "logprobs": {"tokens": tokens, "token_logprobs": [*values, -0.5]}}]}
-            )
+            logprobs = {"tokens": tokens, "token_logprobs": [*values, -0.5]}
+            usage = {"prompt_tokens": len(ids), "completion_tokens": 1}
+            return httpx.Response(200, json={"choices": [{"text": "", "logprobs": logprobs}], "usage": usage})
         rng = np.random.default_rng(body["seed"])
         draw = sampler(broken)
         texts = [draw(rng, body["temperature"], body["max_tokens"]) for _ in range(body["n"])]
@@ -189,3 +189,19 @@ def test_p_values_of_repeated_runs_between_faithful_servers_are_uniform() -> Non
         ps.append(report.p_value)
     assert stats.kstest(ps, "uniform").pvalue > 1e-3
     assert np.mean(np.array(ps) < 0.05) <= 0.12
+
+
+def test_every_sampling_setting_is_sent() -> None:
+    bodies = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": "ab"}]})
+
+    client = httpx.Client(transport=httpx.MockTransport(handle))
+    params = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, presence_penalty=0.3,
+                            frequency_penalty=0.2, repetition_penalty=1.1, max_tokens=4)  # fmt: skip
+    arm(client, per_request=1)("p", [0], params, 1, 11)
+    (body,) = bodies
+    assert body["seed"] == 11 and body["n"] == 1 and body["max_tokens"] == 4 and body["top_k"] == 5
+    assert body["presence_penalty"] == 0.3 and body["frequency_penalty"] == 0.2 and body["repetition_penalty"] == 1.1

@@ -122,6 +122,11 @@ def endpoint_arm(
             body["top_k"] = params.top_k
         if params.min_p:
             body["min_p"] = params.min_p
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(params, name):
+                body[name] = getattr(params, name)
+        if params.repetition_penalty != 1.0:
+            body["repetition_penalty"] = params.repetition_penalty  # (vLLM's and verispec's name for it)
         if token_ids:
             body |= {"logprobs": 1, "return_tokens_as_token_ids": True}
         data = post(body)
@@ -155,7 +160,8 @@ def endpoint_arm(
 
 def _ids_of(choice: Any, url: str) -> list[int]:
     """The token ids of a choice answered with ``return_tokens_as_token_ids`` ("token_id:N")."""
-    tokens = choice.get("logprobs", {}).get("tokens") if isinstance(choice, dict) else None
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    tokens = logprobs.get("tokens") if isinstance(logprobs, dict) else None
     if not isinstance(tokens, list):
         raise EndpointError(f"{url} returned no token ids (logprobs.tokens); the goodness-of-fit mode needs them "
                             "(vLLM: return_tokens_as_token_ids): use the two-sample test")  # fmt: skip
@@ -188,7 +194,8 @@ def endpoint_scorer(
     _, post = _poster(url, api_key=api_key, timeout=timeout, retries=retries, backoff=backoff,
                       max_requests=max_requests, client=client)  # fmt: skip
 
-    def echo(prompt: str | list[int]) -> tuple[list[Any], list[Any]]:
+    def echo(prompt: str | list[int]) -> tuple[list[Any], list[Any], int | None]:
+        """(tokens, their logprobs, the prompt's token count when the server says it)."""
         data = post({"model": model, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 1,
                      "temperature": 1.0, "return_tokens_as_token_ids": True})  # fmt: skip
         choices = data.get("choices")
@@ -202,7 +209,9 @@ def endpoint_scorer(
         if not isinstance(tokens, list) or not isinstance(values, list) or len(tokens) != len(values):
             raise EndpointError(f"{url} did not return prompt logprobs with echo (vLLM does; llama-server does "
                                 "not): it cannot score; use the two-sample test")  # fmt: skip
-        return tokens, values
+        usage = data.get("usage")
+        counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        return tokens, values, counted if isinstance(counted, int) and 0 < counted <= len(tokens) else None
 
     def score(
         text: str, ids: Sequence[int], outcomes: Sequence[tuple[int, ...]], params: SamplingParams, length: int
@@ -212,14 +221,15 @@ def endpoint_scorer(
                 "an endpoint scores with the model's raw logprobs: the goodness-of-fit mode runs at temperature 1 "
                 "without top-k, top-p, min-p or penalties; use the two-sample test"
             )
-        tokens, _ = echo(text)
-        prompt_ids = _ids_of({"logprobs": {"tokens": tokens}}, url)[:-1]  # (the last is the one generated token)
+        tokens, _, counted = echo(text)
+        echoed = _ids_of({"logprobs": {"tokens": tokens}}, url)
+        prompt_ids = echoed[:counted] if counted is not None else echoed[:-1]  # (else: one generated token follows)
         out: list[float | None] = []
         for outcome in outcomes:
             if len(outcome) < length:
                 out.append(None)
                 continue
-            _, values = echo(prompt_ids + list(outcome))
+            _, values, _ = echo(prompt_ids + list(outcome))
             picked = values[len(prompt_ids) : len(prompt_ids) + len(outcome)]
             if len(picked) != len(outcome) or not all(isinstance(v, (int, float)) for v in picked):
                 raise EndpointError(f"{url} scored {len(picked)} of the {len(outcome)} tokens it was sent")
