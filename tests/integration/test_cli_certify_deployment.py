@@ -73,6 +73,7 @@ def test_goodness_of_fit_with_prompts_from_jsonl_and_an_html_page(
         (["--temperature", "0"], "temperature > 0"),
         (["--drafter", "tree"], "--drafter is model"),
         (["--prompts", "/no/such/file"], "neither certify"),
+        (["--html", "/no/such/folder/c.html"], "does not exist"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

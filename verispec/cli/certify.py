@@ -302,6 +302,8 @@ def run_deployment(args: argparse.Namespace, endpoints: bool = False) -> int:
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
     )  # fmt: skip
+    if args.html is not None and not args.html.parent.is_dir():
+        raise ConfigError(f"--html {str(args.html)!r}: the folder {str(args.html.parent)!r} does not exist")
     err = Console(stderr=True)
     if endpoints:
         arms, tokenizer, name = _endpoint_arms(args, err)

@@ -110,8 +110,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--law-samples", type=int, default=200,
-        help="output-law test: samples per deployment and prompt, one request each (default 200; 0 = skip); "
-        "see verispec certify for a finer test",
+        help="output-law test: samples per deployment and prompt, one request of law-tokens + 4 tokens each "
+        "(default 200: 2,400 requests over the 6 prompts; 0 = skip); verispec certify --fit tests finer",
     )  # fmt: skip
     p.add_argument("--law-tokens", type=int, default=2, help="output-law test: tokens tested (default 2)")
     p.add_argument(
