@@ -205,3 +205,12 @@ def test_every_sampling_setting_is_sent() -> None:
     (body,) = bodies
     assert body["seed"] == 11 and body["n"] == 1 and body["max_tokens"] == 4 and body["top_k"] == 5
     assert body["presence_penalty"] == 0.3 and body["frequency_penalty"] == 0.2 and body["repetition_penalty"] == 1.1
+
+
+def test_an_endless_answer_is_refused_not_read() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=(b"x" * (1 << 20) for _ in range(64)))  # 64 MiB, streamed
+
+    client = httpx.Client(transport=httpx.MockTransport(handle))
+    with pytest.raises(EndpointError, match="more than 8 MiB"):
+        arm(client, per_request=1)("p", [0], SamplingParams(temperature=1.0, max_tokens=2), 1, 0)

@@ -10,8 +10,8 @@ text, so the outcome of a continuation is the first ``tokens`` ids of its text u
 named explicitly (the model's own, loaded locally): the same function of the text in both arms,
 so equal laws of text give equal laws of outcomes and the test stays exact. Responses are checked
 (a server that returns fewer choices, or no text, is an error, not a sample), 429 and 503 are
-retried with exponential backoff, every request has a timeout, and the number of requests is
-bounded in advance.
+retried with exponential backoff, every request has a timeout, the number of requests is
+bounded in advance, and no answer is read past 8 MiB.
 
 The goodness-of-fit mode needs exact ids on both sides: the speculative arm asks for its sampled
 ids (``token_ids``: vLLM's ``return_tokens_as_token_ids``), and :func:`endpoint_scorer` asks the
@@ -20,6 +20,7 @@ baseline to score the prompt's ids followed by each outcome's (``echo`` + ``logp
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -31,6 +32,9 @@ from verispec.config import SamplingParams
 from verispec.errors import VerispecError
 
 RETRY_STATUS = (429, 503)
+#: The largest answer read from an endpoint (a few-token completion, or a prompt echoed with its
+#: logprobs, is a few KiB).
+MAX_RESPONSE_BYTES = 8 << 20
 
 
 class EndpointError(VerispecError):
@@ -60,21 +64,23 @@ def _poster(
                     raise EndpointError(f"the run needs more than {max_requests} requests; lower --samples")
                 sent[0] += 1
             try:
-                response = http.post(f"{root}/v1/completions", json=body)
+                with http.stream("POST", f"{root}/v1/completions", json=body) as response:
+                    status, content = response.status_code, _read_bounded(response, root)
             except httpx.HTTPError as exc:
                 if attempt == retries:
                     raise EndpointError(f"{root}: {type(exc).__name__}: {exc}") from exc
                 time.sleep(delay)
                 delay *= 2
                 continue
-            if response.status_code in RETRY_STATUS and attempt < retries:
+            if status in RETRY_STATUS and attempt < retries:
                 time.sleep(delay)
                 delay *= 2
                 continue
-            if response.status_code != 200:
-                raise EndpointError(f"{root}/v1/completions answered {response.status_code}: {response.text[:200]}")
+            if status != 200:
+                text = content[:200].decode("utf-8", errors="replace")
+                raise EndpointError(f"{root}/v1/completions answered {status}: {text}")
             try:
-                data = response.json()
+                data = json.loads(content)
             except ValueError as exc:
                 raise EndpointError(f"{root}/v1/completions answered a body that is not JSON") from exc
             if not isinstance(data, dict):
@@ -83,6 +89,19 @@ def _poster(
         raise EndpointError(f"{root}: still busy after {retries} retries")  # pragma: no cover
 
     return root, post
+
+
+def _read_bounded(response: Any, root: str) -> bytes:
+    """The body of ``response``, refused past :data:`MAX_RESPONSE_BYTES` (a server, or whoever
+    answers in its place, must not be able to fill this process's memory)."""
+    chunks, size = [], 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise EndpointError(f"{root}/v1/completions answered more than {MAX_RESPONSE_BYTES >> 20} MiB; "
+                                "a completion of a few tokens is a few KiB: is this the right server?")  # fmt: skip
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def endpoint_arm(
