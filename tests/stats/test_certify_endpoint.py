@@ -154,8 +154,10 @@ def test_what_cannot_be_scored_is_refused() -> None:
     sampler = arm(fake_server(), per_request=4, token_ids=True)
     params = SamplingParams(temperature=1.0)
     no_echo = endpoint_scorer("http://fake:8000/v1", "m", client=fake_server(echo=False), backoff=0.0)
+    sampling = fake_server()
     with pytest.raises(EndpointError, match="did not return prompt logprobs"):
-        certify_fit(no_echo, sampler, PROMPTS, params, samples=20, tokens=2, lookahead=0)
+        certify_fit(no_echo, arm(sampling, per_request=4, token_ids=True), PROMPTS, params, samples=20, tokens=2)
+    assert sampling.state["requests"] == 0  # type: ignore[attr-defined]  (refused before any sampling)
     scorer = endpoint_scorer("http://fake:8000/v1", "m", client=fake_server(), backoff=0.0)
     with pytest.raises(EndpointError, match="temperature 1"):
         certify_fit(scorer, sampler, PROMPTS, SamplingParams(temperature=0.8), samples=20, tokens=2, lookahead=0)

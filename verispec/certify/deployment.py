@@ -238,6 +238,8 @@ def certify_fit(
     if pilot < 1:
         raise ConfigError(f"the pilot sample must be >= 1, got {pilot}")
     report.mode, report.pilot = "goodness-of-fit", pilot
+    for text, ids in prompts[:1]:  # a scorer that cannot score says so now, not after the first sampling
+        scorer(text, ids, [], params, tokens)
     for i, (text, ids) in enumerate(prompts):
         start = time.perf_counter()
         drawn = [
