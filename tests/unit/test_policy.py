@@ -44,6 +44,20 @@ def test_flat_verification_and_good_acceptance_speculates() -> None:
     assert policy.draft_lengths(batch, [100])[0] >= 3
 
 
+def test_high_acceptance_at_k_1_makes_longer_drafts_worth_trying() -> None:
+    """Positions never reached start from the one before them: after many one-token drafts all
+    accepted, the policy tries longer drafts (a fixed 0.6 prior for position 2 kept it at K = 1)."""
+    policy = MeasuredPolicy(8, costs=costs({1: 0.035, 2: 0.036, 3: 0.038, 4: 0.041, 5: 0.044, 9: 0.06}))
+    batch = requests(1)
+    for _ in range(60):
+        policy.observe(batch, [1], [1], draft_seconds=0.013, verify_seconds=0.036)
+    assert policy.acceptance("r0")[1] > 0.95 and policy.reached[1] == 0
+    assert policy.draft_lengths(batch, [100])[0] >= 3
+    for _ in range(40):  # and what position 2 then does is what counts: here, always rejected
+        policy.observe(batch, [3], [1], draft_seconds=0.039, verify_seconds=0.041)
+    assert policy.acceptance("r0")[1] < 0.3 and policy.draft_lengths(batch, [100])[0] <= 1
+
+
 def test_compute_bound_verification_turns_speculation_off() -> None:
     linear = {1: 0.10, 2: 0.20, 3: 0.30, 5: 0.50, 9: 0.90}  # cost grows with every verified token
     policy = MeasuredPolicy(8, costs=costs(linear))

@@ -129,14 +129,21 @@ class MeasuredPolicy:
 
     # ---------------------------------------------------------------------------- estimates
     def acceptance(self, request_id: str | None = None) -> list[float]:
-        """Conditional acceptance per draft position (engine-wide, or for one request)."""
+        """Conditional acceptance per draft position (engine-wide, or for one request). Position 1
+        starts from ``prior_accept``; each later position starts from the engine-wide estimate of
+        the one before it, so a position not reached yet is expected to do as its predecessor does
+        (with a fixed prior below position 1's measured acceptance, K = 2 never looked worth trying,
+        and a run at 98% acceptance stayed at K = 1 throughout)."""
         out = []
+        start = self.prior_accept
         for i in range(self.max_k):
-            prior = (self.passed[i] + self.prior_accept * self.prior_weight) / (self.reached[i] + self.prior_weight)
+            engine = (self.passed[i] + start * self.prior_weight) / (self.reached[i] + self.prior_weight)
+            estimate = engine
             if request_id is not None and request_id in self.per_request:
                 reached, passed = self.per_request[request_id]
-                prior = (passed[i] + prior * self.prior_weight) / (reached[i] + self.prior_weight)
-            out.append(min(max(prior, 0.0), 0.999))
+                estimate = (passed[i] + engine * self.prior_weight) / (reached[i] + self.prior_weight)
+            out.append(min(max(estimate, 0.0), 0.999))
+            start = min(max(engine, 0.0), 0.999)
         return out
 
     def _verify_cost(self, batch: int, width: int) -> float:

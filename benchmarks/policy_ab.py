@@ -1,0 +1,92 @@
+"""A/B of the draft-length policy's starting estimate for draft positions not reached yet.
+
+"old": a fixed 0.6 (re-implemented here as the reference); "new": the estimate of the position
+before (:class:`verispec.engine.policy.MeasuredPolicy` today). One process, the default pair at
+the machine's defaults, a fresh policy per generation, greedy, 128 tokens, plain / old / new in
+rotating order per repeat; tok/s counts the prompt's prefill too. Asserts that all three give the
+same tokens.
+
+    python benchmarks/policy_ab.py --set humaneval --prompts 8 --repeats 2 --json out.json
+    python benchmarks/policy_ab.py --text "def quicksort(arr):" --repeats 4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from verispec.bench.prompts import prompt_set
+from verispec.config import SamplingParams
+from verispec.engine.calibrate import load_or_calibrate
+from verispec.engine.policy import MeasuredPolicy
+from verispec.formats.registry import verispec_home
+from verispec.pipeline import build, machine_defaults
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+
+
+def fixed_prior_acceptance(self: MeasuredPolicy, request_id: str | None = None) -> list[float]:
+    """The policy's estimate before the change: every position from the same fixed prior."""
+    out = []
+    for i in range(self.max_k):
+        prior = (self.passed[i] + self.prior_accept * self.prior_weight) / (self.reached[i] + self.prior_weight)
+        if request_id is not None and request_id in self.per_request:
+            reached, passed = self.per_request[request_id]
+            prior = (passed[i] + prior * self.prior_weight) / (reached[i] + self.prior_weight)
+        out.append(min(max(prior, 0.0), 0.999))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--set", default="humaneval")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--text", default=None, help="one prompt instead of a set")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    current = MeasuredPolicy.acceptance
+    picked = machine_defaults(TARGET, DRAFT, "cpu")
+    spec = build(TARGET, DRAFT, dtype=picked.dtype, draft_dtype=picked.draft_dtype, draft_head=picked.draft_head,
+                 max_batch=1, max_len=2048)  # fmt: skip
+    plain = build(TARGET, None, drafter="none", dtype=picked.dtype, max_batch=1, max_len=2048).engine
+    costs = load_or_calibrate(spec.engine.target, spec.target.name, verispec_home(), batch_sizes=[1])
+    prompts = [args.text] if args.text else list(prompt_set(args.set))[: args.prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
+    rows = []
+    for pi, text in enumerate(prompts):
+        ids = spec.target.tokenizer.encode(text)
+        outputs = {}
+        for rep in range(args.repeats):
+            for name in ("old", "new", "plain") if rep % 2 == 0 else ("plain", "new", "old"):
+                engine = plain
+                if name != "plain":
+                    MeasuredPolicy.acceptance = fixed_prior_acceptance if name == "old" else current  # type: ignore[method-assign]
+                    spec.engine.policy = MeasuredPolicy(spec.engine.config.max_draft_tokens, costs=costs)
+                    engine = spec.engine
+                start = time.perf_counter()
+                out = engine.generate([ids], [params])[0]
+                rate = len(out.token_ids) / (time.perf_counter() - start)
+                outputs.setdefault(name, out.token_ids)
+                assert out.token_ids == outputs["old" if "old" in outputs else name], (pi, name)
+                rows.append({"prompt": pi, "repeat": rep, "policy": name, "tok_s": rate})
+                print(pi, rep, name, f"{rate:.2f}", flush=True)
+    MeasuredPolicy.acceptance = current  # type: ignore[method-assign]
+    summary = {
+        name: [statistics.median(r["tok_s"] for r in rows if r["prompt"] == pi and r["policy"] == name)
+               for pi in range(len(prompts))]
+        for name in ("plain", "old", "new")
+    }  # fmt: skip
+    for name in ("old", "new"):
+        ratios = [a / b for a, b in zip(summary[name], summary["plain"], strict=True)]
+        print(f"{name}: median speedup over plain {statistics.median(ratios):.3f}", [f"{r:.2f}" for r in ratios])
+    if args.json is not None:
+        args.json.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
