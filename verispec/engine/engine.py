@@ -211,7 +211,7 @@ class Engine:
                 continue
             req.timings.first_token = now
             req.timings.chunk_times.append(now)
-            req.timings.verify_seconds += now - start
+            req.timings.prefill_seconds += now - start
             try:
                 self.drafter.begin(req.request_id, req.tokens)
                 self.drafter.observe(req.request_id, [token])

@@ -26,11 +26,13 @@ class Timings:
     chunk_times: list[float] = field(default_factory=list)  # when each step delivered tokens
     draft_seconds: float = 0.0  # this request's share of the drafting time of its steps
     verify_seconds: float = 0.0  # its share of the target passes (verification and plain decoding)
+    prefill_seconds: float = 0.0  # the prompt's pass (its batch's), which yields the first token
     steps: int = 0
 
     def summary(self, num_tokens: int) -> dict[str, float | None]:
         """TTFT, inter-token latency (between streamed chunks) p50/p95, time per output token,
-        tokens/s, and the measured draft / verify milliseconds per step."""
+        tokens/s, the prefill, and the measured draft / verify milliseconds per decoding step (the
+        prefill is not a step)."""
         ttft = None if self.first_token is None else self.first_token - self.arrival
         gaps = [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
         end = self.finished if self.finished is not None else time.perf_counter()
@@ -42,6 +44,7 @@ class Timings:
             "tpot_s": decode / (num_tokens - 1) if decode is not None and num_tokens > 1 else None,
             "e2e_s": end - self.arrival,
             "tokens_per_s": num_tokens / (end - self.arrival) if end > self.arrival else None,
+            "prefill_ms": 1e3 * self.prefill_seconds,
             "draft_ms_per_step": 1e3 * self.draft_seconds / self.steps if self.steps else None,
             "verify_ms_per_step": 1e3 * self.verify_seconds / self.steps if self.steps else None,
         }

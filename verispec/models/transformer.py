@@ -176,7 +176,10 @@ class Backbone(nn.Module):
 
     def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device=device)
+        # (uninitialised: the checkpoint's weight replaces it; nn.Embedding's own random init of a
+        # 150k x 1.5k table took ~1 s per model, and its first call imported torch._dynamo)
+        empty = torch.empty(config.vocab_size, config.hidden_size, device=device)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device=device, _weight=empty)
         self.layers = nn.ModuleList([DecoderLayer(config, device) for _ in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
 
