@@ -239,9 +239,9 @@ def print_verdicts(result: dict[str, Any], console: Any) -> None:
 
     from verispec.bench.report import VERDICT_COLORS
 
-    table = Table(title="verispec gate", show_lines=True)
-    for col in ("level", "verdict", "tok/s base -> spec", "alpha / a_min", "c", "why"):
-        table.add_column(col)
+    table = Table(title="verispec gate")
+    for col in ("level", "verdict", "tok/s base -> spec", "alpha / a_min", "c"):
+        table.add_column(col, no_wrap=True)
     for lv in result["levels"]:
         from verispec.analysis import alpha_min
 
@@ -252,6 +252,11 @@ def print_verdicts(result: dict[str, Any], console: Any) -> None:
             lv["label"], f"[{VERDICT_COLORS.get(v['verdict'], 'white')}]{v['verdict']}[/]",
             "-" if b is None or s is None else f"{b:.1f} -> {s:.1f}",
             f"{'-' if lv['alpha'] is None else format(lv['alpha'], '.3f')} / {'-' if amin is None else f'{amin:.3f}'}",
-            "-" if lv["c"] is None else f"{lv['c']:.3f}", "\n".join(v["reasons"]),
+            "-" if lv["c"] is None else f"{lv['c']:.3f}",
         )  # fmt: skip
     console.print(table)
+    for lv in result["levels"]:  # the reasons below the table, at the terminal's full width
+        v = lv["verdict"]
+        console.print(f"[bold]{lv['label']}[/]: [{VERDICT_COLORS.get(v['verdict'], 'white')}]{v['verdict']}[/]")
+        for reason in v["reasons"]:
+            console.print(f"  - {reason}", markup=False, highlight=False)
