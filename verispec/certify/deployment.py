@@ -75,10 +75,10 @@ def engine_scorer(engine: Any) -> Scorer:
     """A scorer that teacher-forces a verispec engine's target: each outcome's probability is the
     product of its tokens' probabilities under the sampling law (temperature, truncation,
     penalties, the vocabulary cut: :func:`~verispec.sampling.to_probs`, as plain decoding applies
-    it); an outcome shorter than ``length`` (the tokens tested) ended at an end-of-sequence id, which the engine does
-    not output, so the stop's probability is multiplied in. The pass is a prefill rather than plain
-    decoding's one-token passes, so the scores may differ from the sampler's law by the kernels'
-    rounding (far below any detectable TV)."""
+    it); an outcome shorter than ``length`` (the tokens tested) ended at an end-of-sequence id,
+    which the engine does not output, so the stop's probability is multiplied in. The pass is a
+    prefill rather than plain decoding's one-token passes, so the scores may differ from the
+    sampler's law by the kernels' rounding (far below any detectable TV)."""
     import torch
 
     from verispec.sampling import TokenHistory, cut_vocab, to_probs

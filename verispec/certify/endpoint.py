@@ -177,13 +177,23 @@ def endpoint_arm(
     return sample
 
 
-def _ids_of(choice: Any, url: str) -> list[int]:
-    """The token ids of a choice answered with ``return_tokens_as_token_ids`` ("token_id:N")."""
+def _logprobs_of(choice: Any) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` object, None when it has none."""
     logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
-    tokens = logprobs.get("tokens") if isinstance(logprobs, dict) else None
+    return logprobs if isinstance(logprobs, dict) else None
+
+
+def _ids_of(choice: Any, url: str) -> list[int]:
+    """The token ids of a choice answered with ``return_tokens_as_token_ids``."""
+    tokens = (_logprobs_of(choice) or {}).get("tokens")
     if not isinstance(tokens, list):
         raise EndpointError(f"{url} returned no token ids (logprobs.tokens); the goodness-of-fit mode needs them "
                             "(vLLM: return_tokens_as_token_ids): use the two-sample test")  # fmt: skip
+    return _token_ids(tokens, url)
+
+
+def _token_ids(tokens: list[Any], url: str) -> list[int]:
+    """Ids from tokens written "token_id:N"."""
     ids = []
     for token in tokens:
         if not isinstance(token, str) or not token.startswith("token_id:") or not token[9:].isdigit():
@@ -218,13 +228,9 @@ def endpoint_scorer(
         data = post({"model": model, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 1,
                      "temperature": 1.0, "return_tokens_as_token_ids": True})  # fmt: skip
         choices = data.get("choices")
-        logprobs = (
-            choices[0].get("logprobs")
-            if isinstance(choices, list) and choices and isinstance(choices[0], dict)
-            else None
-        )
-        tokens = logprobs.get("tokens") if isinstance(logprobs, dict) else None
-        values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+        logprobs = _logprobs_of(choices[0]) if isinstance(choices, list) and choices else None
+        tokens = logprobs.get("tokens") if logprobs is not None else None
+        values = logprobs.get("token_logprobs") if logprobs is not None else None
         if not isinstance(tokens, list) or not isinstance(values, list) or len(tokens) != len(values):
             raise EndpointError(f"{url} did not return prompt logprobs with echo (vLLM does; llama-server does "
                                 "not): it cannot score; use the two-sample test")  # fmt: skip
@@ -241,7 +247,7 @@ def endpoint_scorer(
                 "without top-k, top-p, min-p or penalties; use the two-sample test"
             )
         tokens, _, counted = echo(text)
-        echoed = _ids_of({"logprobs": {"tokens": tokens}}, url)
+        echoed = _token_ids(tokens, url)
         prompt_ids = echoed[:counted] if counted is not None else echoed[:-1]  # (else: one generated token follows)
         out: list[float | None] = []
         for outcome in outcomes:

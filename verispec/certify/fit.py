@@ -25,7 +25,6 @@ runs at temperature 1 without truncation or penalties.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
@@ -33,7 +32,7 @@ from typing import TypeVar
 import numpy as np
 from scipy import stats
 
-from verispec.certify.twosample import MIN_EXPECTED, POWER, TwoSampleResult, smallest_detected
+from verispec.certify.twosample import MIN_EXPECTED, POWER, TwoSampleResult, basic_interval, smallest_detected
 from verispec.errors import ConfigError
 
 H = TypeVar("H", bound=Hashable)
@@ -87,12 +86,7 @@ def fit_test(
     rng = np.random.default_rng(seed)
     tv = 0.5 * float(np.abs(observed / n - law).sum())
     draws = [0.5 * float(np.abs(rng.multinomial(n, observed / n) / n - law).sum()) for _ in range(bootstrap)]
-    interval = (
-        (max(0.0, 2 * tv - float(np.quantile(draws, 0.975))), max(0.0, 2 * tv - float(np.quantile(draws, 0.025))))
-        if draws
-        else (math.nan, math.nan)
-    )
-    return TwoSampleResult(statistic, dof, p_value, "goodness-of-fit", 0, n, len(law), tv, interval,
+    return TwoSampleResult(statistic, dof, p_value, "goodness-of-fit", 0, n, len(law), tv, basic_interval(tv, draws),
                            detectable_tv_fit(law, n, dof, alpha))  # fmt: skip
 
 

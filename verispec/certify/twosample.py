@@ -172,16 +172,21 @@ def two_sample_test(
         _tv(np.stack([rng.multinomial(n_a, pooled[0] / n_a), rng.multinomial(n_b, pooled[1] / n_b)]).astype(float))
         for _ in range(bootstrap)
     ]
-    interval = (
-        (max(0.0, 2 * tv - float(np.quantile(draws, 0.975))), max(0.0, 2 * tv - float(np.quantile(draws, 0.025))))
-        if draws
-        else (math.nan, math.nan)
-    )
+    interval = basic_interval(tv, draws)
     share = pooled.sum(axis=0) / pooled.sum()
     return TwoSampleResult(
         statistic, dof, p_value, method, n_a, n_b, pooled.shape[1], tv, interval,
         detectable_tv(share, n_a, n_b, dof, alpha),
     )  # fmt: skip
+
+
+def basic_interval(estimate: float, draws: Sequence[float]) -> tuple[float, float]:
+    """The basic (bias-corrected) bootstrap 95% interval of a TV ``estimate`` from its bootstrap
+    ``draws`` (``2 estimate - quantile``), clipped at 0; NaNs without draws."""
+    if not draws:
+        return (math.nan, math.nan)
+    low, high = np.quantile(draws, [0.025, 0.975])
+    return (max(0.0, 2 * estimate - float(high)), max(0.0, 2 * estimate - float(low)))
 
 
 def _permutation(counts: np.ndarray, observed: float, rounds: int, rng: np.random.Generator) -> float:
