@@ -314,3 +314,13 @@ def test_a_request_whose_law_cannot_be_built_fails_alone() -> None:
         if i != 2:
             assert finals[rid].token_ids == plain_greedy(target, prompt, 8)
     assert e.cache.active_slots == []
+
+
+def test_the_prefill_is_timed_apart_from_the_decoding_steps() -> None:
+    e = engine("none", k=None)
+    out = e.generate([PROMPTS[1]], [SamplingParams(temperature=0.0, max_tokens=6)])[0]
+    t = out.timings
+    assert t["prefill_ms"] > 0 and t["verify_ms_per_step"] is not None
+    # the per-step figure is the steps' own passes: the prompt's pass is not spread over them
+    first_only = e.generate([PROMPTS[1]], [SamplingParams(temperature=0.0, max_tokens=1)])[0].timings
+    assert first_only["prefill_ms"] > 0 and first_only["verify_ms_per_step"] is None

@@ -75,7 +75,9 @@ def test_cli_gate_on_tiny_gguf_pair(tmp_path: Path, capsys: pytest.CaptureFixtur
     text = html.read_text()
     self_contained(text)
     assert all(v in text for v in verdicts) and "a_min" in text and "detectable TV" in text
-    assert "verispec gate" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "verispec gate" in printed  # and each level's reasons, whole, below the table:
+    assert all(f"  - {reason}\n" in printed for v in result["verdicts"] for reason in v["reasons"])
     assert (tmp_path / "gate.png").read_bytes().startswith(b"\x89PNG")
 
 

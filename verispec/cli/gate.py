@@ -255,8 +255,8 @@ def print_verdicts(result: dict[str, Any], console: Any) -> None:
             "-" if lv["c"] is None else f"{lv['c']:.3f}",
         )  # fmt: skip
     console.print(table)
-    for lv in result["levels"]:  # the reasons below the table, at the terminal's full width
+    for lv in result["levels"]:  # the reasons below the table, whole
         v = lv["verdict"]
         console.print(f"[bold]{lv['label']}[/]: [{VERDICT_COLORS.get(v['verdict'], 'white')}]{v['verdict']}[/]")
         for reason in v["reasons"]:
-            console.print(f"  - {reason}", markup=False, highlight=False)
+            console.print(f"  - {reason}", markup=False, highlight=False, soft_wrap=True)  # (one line each)
