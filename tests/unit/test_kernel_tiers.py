@@ -98,7 +98,9 @@ def test_the_tiers_are_ordered_and_forced_by_the_environment(monkeypatch: pytest
     monkeypatch.delenv(dispatch.ISA_ENV, raising=False)
     assert dispatch.selected().name == runnable[0]
     for higher, lower in itertools.pairwise(dispatch.TIERS):  # a CPU that runs a tier runs every tier below it
-        assert set(higher.cpu_flags) >= set(lower.cpu_flags)
+        if lower.machine in (None, higher.machine):  # (of its own machine, and the portable one)
+            assert set(higher.cpu_flags) >= set(lower.cpu_flags)
+    assert [t.name for t in dispatch.TIERS if t.machine == "aarch64"] == ["neon"]
     for name in runnable:
         monkeypatch.setenv(dispatch.ISA_ENV, name.upper())
         assert dispatch.selected().name == name

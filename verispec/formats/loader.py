@@ -139,7 +139,7 @@ BF16_KERNEL_ENV = "VERISPEC_BF16_KERNEL"
 def bf16_kernel_usable() -> bool:
     """Whether bf16 CPU projections go through :class:`verispec.kernels.Bf16Linear` here: the
     kernels build for this CPU's tier (:mod:`verispec.kernels.dispatch`), that tier is a vector one
-    (amx, avx512, avx2) or was asked for with ``$VERISPEC_ISA``, and ``$VERISPEC_BF16_KERNEL`` is
+    (amx, avx512, avx2, neon) or was asked for with ``$VERISPEC_ISA``, and ``$VERISPEC_BF16_KERNEL`` is
     not "0". Otherwise bf16 runs on torch's matmul (any CPU), with a warning when the kernels failed
     to build; a ``$VERISPEC_ISA`` that names no tier, or one this CPU cannot run, is a
     :class:`ConfigError`."""

@@ -1,7 +1,7 @@
 """Compile the C++ kernels on first use and cache them: :func:`load` returns the extension module.
 
 One module per instruction-set tier (:mod:`verispec.kernels.dispatch`: amx, avx512, avx2,
-portable), built from ``csrc/`` with that tier's flags by ``torch.utils.cpp_extension.load`` (g++
+neon, portable), built from ``csrc/`` with that tier's flags by ``torch.utils.cpp_extension.load`` (g++
 with OpenMP, driven by ninja) into ``$VERISPEC_HOME/kernels/<key>/`` (default
 ``~/.cache/verispec/kernels``), where ``key`` hashes the tier, its sources, the flags and the
 torch and Python versions: a first build takes about a minute (logged as it starts), later

@@ -1,6 +1,6 @@
 """Which instruction-set tier of the CPU kernels runs here: picked from the CPU, or forced lower.
 
-The kernels come in four tiers, one compiled extension module each (:mod:`verispec.kernels.build`),
+The kernels come in five tiers, one compiled extension module each (:mod:`verispec.kernels.build`),
 all with the same functions, packed layouts and results (see ``csrc/vec/linear.cpp``):
 
 ======== ======================================================== ==============================
@@ -12,13 +12,18 @@ avx512   AVX-512 F/BW/VL/DQ + VNNI, FMA, F16C                     AMD Zen 4 / 5,
                                                                   Tiger Lake, Xeon 3rd gen
 avx2     AVX2, FMA, F16C                                          every x86-64 CPU since ~2013
                                                                   (Haswell, Zen 1-3)
-portable plain C++ (the compiler vectorises what it can)          anything else, ARM included
+neon     AArch64 NEON with the dot product extension (asimddp)    ARMv8.2-A and later: AWS
+                                                                  Graviton 2-4, Ampere Altra,
+                                                                  Neoverse N1/V1/V2
+portable plain C++ (the compiler vectorises what it can)          anything else
 ======== ======================================================== ==============================
 
-int8 and int4 give the same bits on every tier; bf16 gives the same bits on avx512, avx2 and
+int8 and int4 give the same bits on every tier; bf16 gives the same bits on avx512, avx2, neon and
 portable, and the amx tier's bf16 (AMX's own order of fp32 additions) differs from them by fp32
-rounding. ``$VERISPEC_ISA=amx|avx512|avx2|portable`` forces a tier (for tests and comparisons):
-one this CPU cannot execute is a :class:`~verispec.errors.ConfigError`.
+rounding. The neon tier is tested bit for bit against the portable one by cross-compiling both
+for AArch64 and running them under qemu-user (``tests/unit/test_kernel_neon.py``); its speed has
+not been measured on ARM hardware. ``$VERISPEC_ISA=amx|avx512|avx2|neon|portable`` forces a tier
+(for tests and comparisons): one this CPU cannot execute is a :class:`~verispec.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -41,16 +46,19 @@ HEADERS = ("common.h", "vec/vec.h", "vec/dots.h", "vec/q4k_scales.h", "amx/amx.h
 
 @dataclass(frozen=True)
 class Tier:
-    """One build of the kernels: its sources (under ``csrc/``), compiler flags, and the
-    ``/proc/cpuinfo`` flags a CPU needs to execute it."""
+    """One build of the kernels: its sources (under ``csrc/``), compiler flags, the
+    ``/proc/cpuinfo`` flags a CPU needs to execute it, and the machine it needs ("x86_64",
+    "aarch64", or None for any)."""
 
     name: str
     sources: tuple[str, ...]
     flags: tuple[str, ...]
     cpu_flags: tuple[str, ...]
-    x86_only: bool = True
+    machine: str | None = "x86_64"
 
 
+#: The neon tier's compiler flags (also used by the tests that cross-compile it).
+NEON_FLAGS = ("-march=armv8.2-a+dotprod",)
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-mf16c")
 _AVX512_CPU = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c")
 
@@ -64,7 +72,8 @@ TIERS: tuple[Tier, ...] = (
     ),
     Tier("avx512", ("vec/linear.cpp", *_VEC, "bindings.cpp"), _AVX512, _AVX512_CPU),
     Tier("avx2", ("vec/linear.cpp", *_VEC, "bindings.cpp"), ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),
-    Tier("portable", ("vec/linear.cpp", *_VEC, "bindings.cpp"), (), (), x86_only=False),
+    Tier("neon", ("vec/linear.cpp", *_VEC, "bindings.cpp"), NEON_FLAGS, ("asimddp",), machine="aarch64"),
+    Tier("portable", ("vec/linear.cpp", *_VEC, "bindings.cpp"), (), (), machine=None),
 )
 TIER_NAMES = tuple(t.name for t in TIERS)
 
@@ -88,19 +97,25 @@ def _cpu_flags() -> frozenset[str]:
     except OSError:
         return frozenset()
     for line in text.splitlines():
-        if line.startswith("flags"):
+        if line.startswith(("flags", "Features")):  # x86, AArch64
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
 
 
-def is_x86_linux() -> bool:
-    return sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
+def linux_machine() -> str | None:
+    """ "x86_64" or "aarch64" on Linux on those machines, else None."""
+    if sys.platform != "linux":
+        return None
+    return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(
+        platform.machine().lower()
+    )
 
 
 def missing(tier: Tier) -> list[str]:
     """What this machine lacks to execute ``tier`` ([] when it has everything)."""
-    if tier.x86_only and not is_x86_linux():
-        return [f"x86-64 Linux (this is {sys.platform} on {platform.machine()})"]
+    if tier.machine is not None and linux_machine() != tier.machine:
+        kind = {"x86_64": "x86-64", "aarch64": "AArch64"}[tier.machine]
+        return [f"{kind} Linux (this is {sys.platform} on {platform.machine()})"]
     flags = cpu_flags()
     return [f for f in tier.cpu_flags if f not in flags]
 

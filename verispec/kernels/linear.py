@@ -221,8 +221,8 @@ class Bf16Linear(nn.Module):
     Numerics, by tier (:mod:`verispec.kernels.dispatch`): on amx, fp32 sums in the order AMX's
     TDPBF16PS adds (per step of 32 inputs, the sequential fp32 sums of the even- and of the
     odd-indexed products, then ``C += even + odd``; denormals count as zero, ``csrc/amx/bf16.cpp``);
-    on avx512, avx2 and portable one fp32 sum per output adding the products in input order with
-    one rounding each (``csrc/vec/linear.cpp``, the same bits on the three). Then ``+ bias`` in fp32
+    on avx512, avx2, neon and portable one fp32 sum per output adding the products in input order
+    with one rounding each (``csrc/vec/linear.cpp``, the same bits on the four). Then ``+ bias`` in fp32
     and one rounding to bf16. :func:`reference_bf16_linear` is either arithmetic in plain torch.
     Like torch's own bf16 matmul the weights and activations are used as they are (no extra
     rounding); unlike it, the result of a row never depends on the other rows of the call (batch

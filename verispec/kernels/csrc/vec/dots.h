@@ -7,6 +7,9 @@
 //     int32; the int8 weights go through |q| and sign(p, q) so that no int16 pair sum saturates
 //     (at most 2 * 128 * 127 = 32512), the 4-bit codes need nothing (2 * 15 * 127 = 3810, and up
 //     to 8 groups are summed in int16 before widening: 30480);
+//   - ARM NEON with the dot product extension: SDOT (signed byte x signed byte, 4 per lane, on
+//     four 128-bit registers per 16 lanes); the int8 weights flipped back to signed (u ^ 0x80 = q),
+//     so no offset to take off;
 //   - plain C++: the sums as written.
 #pragma once
 
@@ -78,6 +81,29 @@ inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* xw, con
       half = _mm256_add_epi32(half, acc[m]);
     }
   }
+#elif VS_VEC_NEON
+  (void)psum;
+  const int8x16_t flip = vdupq_n_s8(-128);
+  int32x4_t acc[R][4];
+#pragma GCC unroll 16
+  for (int m = 0; m < R; ++m)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) acc[m][i] = vdupq_n_s32(0);
+  for (int64_t g = 0; g < groups; ++g) {
+    int8x16_t q[4];  // q[i]: weight rows 4i .. 4i + 3, 4 inputs each
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) q[i] = veorq_s8(vreinterpretq_s8_u8(vld1q_u8(w + g * 64 + 16 * i)), flip);
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m) {
+      const int8x16_t x = vreinterpretq_s8_s32(vld1q_dup_s32(xw + g * R + m));
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) acc[m][i] = vdotq_s32(acc[m][i], q[i], x);
+    }
+  }
+#pragma GCC unroll 16
+  for (int m = 0; m < R; ++m)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) s[m].v[i] = vaddq_s32(s[m].v[i], acc[m][i]);
 #else
   (void)psum;
   for (int m = 0; m < R; ++m) {
@@ -146,6 +172,42 @@ inline void q4k_pair(const uint8_t* q, const int32_t* xw, I16* s0, I16* s1) {
       (h ? s0[m].hi : s0[m].lo) = _mm256_madd_epi16(acc0[m], ones);
       (h ? s1[m].hi : s1[m].lo) = _mm256_madd_epi16(acc1[m], ones);
     }
+  }
+#elif VS_VEC_NEON
+  const uint8x16_t nibble = vdupq_n_u8(0x0F);
+  for (int h = 0; h < 2; ++h) {  // weight rows 0-7 (registers 0, 1 of a lane quad), then 8-15
+    int32x4_t acc0[R][2], acc1[R][2];
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m)
+#pragma GCC unroll 2
+      for (int i = 0; i < 2; ++i) acc0[m][i] = acc1[m][i] = vdupq_n_s32(0);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      int8x16_t lo[2], hi[2];
+#pragma GCC unroll 2
+      for (int i = 0; i < 2; ++i) {
+        const uint8x16_t v = vld1q_u8(q + 64 * g + 32 * h + 16 * i);
+        lo[i] = vreinterpretq_s8_u8(vandq_u8(v, nibble));
+        hi[i] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+      }
+#pragma GCC unroll 16
+      for (int m = 0; m < R; ++m) {
+        const int8x16_t xl = vreinterpretq_s8_s32(vld1q_dup_s32(xw + g * R + m));
+        const int8x16_t xh = vreinterpretq_s8_s32(vld1q_dup_s32(xw + (8 + g) * R + m));
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; ++i) {
+          acc0[m][i] = vdotq_s32(acc0[m][i], lo[i], xl);
+          acc1[m][i] = vdotq_s32(acc1[m][i], hi[i], xh);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m)
+#pragma GCC unroll 2
+      for (int i = 0; i < 2; ++i) {
+        s0[m].v[2 * h + i] = acc0[m][i];
+        s1[m].v[2 * h + i] = acc1[m][i];
+      }
   }
 #else
   for (int m = 0; m < R; ++m) {

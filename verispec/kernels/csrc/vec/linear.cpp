@@ -1,4 +1,4 @@
-// The projections of the avx512, avx2 and portable tiers (and the few-row int8 / Q4_K calls of
+// The projections of the avx512, avx2, neon and portable tiers (and the few-row int8 / Q4_K calls of
 // the amx tier), written once over vec.h's 16-lane types: the same packed weights and the same
 // arithmetic as the amx tier's tiles (amx/*.cpp document the layouts):
 //
@@ -12,7 +12,7 @@
 //          + bias and one rounding to bf16 when the output is bf16
 //
 // So int8 and Q4_K give the same bits on every tier, amx included (integer sums are exact in any
-// order and the fp32 steps are these), and bf16 gives the same bits on avx512, avx2 and portable;
+// order and the fp32 steps are these), and bf16 gives the same bits on avx512, avx2, neon and portable;
 // the amx tier's bf16 adds in TDPBF16PS's order instead (amx/bf16.cpp) and differs from these by
 // fp32 rounding. Each row's result depends on that row alone: an M-row call equals M one-row
 // calls bit for bit on every tier.
@@ -43,7 +43,7 @@ constexpr Tiling kFewRows{4, 4}, kManyRows{2, 8};  // 16 or 32 vector registers
 #elif VS_VEC_AVX2
 constexpr int kChunk = 4;
 constexpr Tiling kFewRows{2, 2}, kManyRows{1, 4};  // 16 registers: (2 x 2 spills a little, but streams two)
-#else
+#else  // NEON (32 registers of 4 lanes: an F16 takes 4) and plain C++
 constexpr int kChunk = 4;
 constexpr Tiling kFewRows{1, 4}, kManyRows{1, 4};
 #endif

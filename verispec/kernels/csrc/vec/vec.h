@@ -1,9 +1,9 @@
-// Sixteen lanes, three ways: the vector type every kernel of the avx512, avx2 and portable tiers
-// is written in (and the row operations of the amx tier). F16 is 16 fp32 lanes, I16 16 int32
-// lanes; each operation is defined per lane (or, for the reductions, as one fixed tree over the
-// 16 lanes), so the same kernel source computes the same bits whether a lane lives in one
-// __m512 (AVX-512), in two __m256 (AVX2) or in a float[16] (plain C++): a kernel's result is
-// the same on every tier, and only its speed depends on the CPU.
+// Sixteen lanes, four ways: the vector type every kernel of the avx512, avx2, neon and portable
+// tiers is written in (and the row operations of the amx tier). F16 is 16 fp32 lanes, I16 16
+// int32 lanes; each operation is defined per lane (or, for the reductions, as one fixed tree over
+// the 16 lanes), so the same kernel source computes the same bits whether a lane lives in one
+// __m512 (AVX-512), in two __m256 (AVX2), in four 128-bit registers (ARM NEON) or in a float[16]
+// (plain C++): a kernel's result is the same on every tier, and only its speed depends on the CPU.
 //
 // Per-lane semantics, where the instruction sets differ:
 //   max(a, b)       a > b ? a : b (x86's MAXPS: b when either is NaN)
@@ -27,6 +27,9 @@
 #elif defined(__AVX2__)
 #define VS_VEC_AVX2 1
 #include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#define VS_VEC_NEON 1
+#include <arm_neon.h>
 #else
 #define VS_VEC_SCALAR 1
 #endif
@@ -292,6 +295,205 @@ inline float lane(F16 a, int i) {
   store(t, a);
   return t[i];
 }
+
+#elif VS_VEC_NEON
+// ------------------------------------------------------------------------------------ NEON
+// Four 128-bit registers per 16 lanes: v[q] holds lanes 4q .. 4q + 3. Where an AArch64
+// instruction's rule differs from the per-lane semantics above, a compare and select restores it:
+// FMAX returns NaN when either operand is NaN (max here returns b), FCVTNS saturates and maps NaN
+// to 0 (cvt_nearest here returns INT32_MIN for both), USHL shifts by the count's low byte (shl_lanes
+// here gives 0 for counts above 31).
+struct F16 {
+  float32x4_t v[4];
+};
+struct I16 {
+  int32x4_t v[4];
+};
+#define VS_Q(q) for (int q = 0; q < 4; ++q)
+inline F16 zero() {
+  F16 r;
+  VS_Q(q) r.v[q] = vdupq_n_f32(0.0f);
+  return r;
+}
+inline F16 set1(float x) {
+  F16 r;
+  VS_Q(q) r.v[q] = vdupq_n_f32(x);
+  return r;
+}
+inline F16 load(const float* p) {
+  F16 r;
+  VS_Q(q) r.v[q] = vld1q_f32(p + 4 * q);
+  return r;
+}
+inline F16 load_n(const float* p, int n) {
+  alignas(16) float t[16] = {0};
+  for (int i = 0; i < n && i < 16; ++i) t[i] = p[i];
+  return load(t);
+}
+inline void store(float* p, F16 a) { VS_Q(q) vst1q_f32(p + 4 * q, a.v[q]); }
+inline void store_n(float* p, F16 a, int n) {
+  alignas(16) float t[16];
+  store(t, a);
+  for (int i = 0; i < n && i < 16; ++i) p[i] = t[i];
+}
+inline F16 load_bf16(const uint16_t* p) {
+  F16 r;
+  VS_Q(q) r.v[q] = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p + 4 * q), 16));
+  return r;
+}
+inline F16 load_bf16_n(const uint16_t* p, int n) {
+  alignas(16) uint16_t t[16] = {0};
+  for (int i = 0; i < n && i < 16; ++i) t[i] = p[i];
+  return load_bf16(t);
+}
+inline uint16x4_t bf16_quarter(float32x4_t a) {  // round to nearest even, NaN -> 0x7FC0
+  const uint32x4_t u = vreinterpretq_u32_f32(a);
+  const uint32x4_t r = vshrq_n_u32(vaddq_u32(u, vaddq_u32(vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1)), vdupq_n_u32(0x7FFF))), 16);
+  const uint32x4_t number = vceqq_f32(a, a);
+  return vmovn_u32(vbslq_u32(number, r, vdupq_n_u32(0x7FC0)));
+}
+inline void store_bf16(uint16_t* p, F16 a) { VS_Q(q) vst1_u16(p + 4 * q, bf16_quarter(a.v[q])); }
+inline void store_bf16_n(uint16_t* p, F16 a, int n) {
+  alignas(16) uint16_t t[16];
+  store_bf16(t, a);
+  for (int i = 0; i < n && i < 16; ++i) p[i] = t[i];
+}
+inline F16 round_bf16(F16 a) {
+  VS_Q(q) a.v[q] = vreinterpretq_f32_u32(vshll_n_u16(bf16_quarter(a.v[q]), 16));
+  return a;
+}
+inline void load_bf16_pairs(const uint16_t* p, F16& even, F16& odd) {
+  VS_Q(q) {
+    const uint32x4_t v = vld1q_u32(reinterpret_cast<const uint32_t*>(p) + 4 * q);
+    even.v[q] = vreinterpretq_f32_u32(vshlq_n_u32(v, 16));
+    odd.v[q] = vreinterpretq_f32_u32(vandq_u32(v, vdupq_n_u32(0xFFFF0000u)));
+  }
+}
+#define VS_F2(name, expr)                                   \
+  inline F16 name(F16 a, F16 b) {                           \
+    F16 r;                                                  \
+    VS_Q(q) {                                               \
+      const float32x4_t x = a.v[q], y = b.v[q];             \
+      r.v[q] = (expr);                                      \
+    }                                                       \
+    return r;                                               \
+  }
+VS_F2(add, vaddq_f32(x, y))
+VS_F2(sub, vsubq_f32(x, y))
+VS_F2(mul, vmulq_f32(x, y))
+VS_F2(div, vdivq_f32(x, y))
+VS_F2(max, vbslq_f32(vcgtq_f32(x, y), x, y))
+VS_F2(min, vbslq_f32(vcltq_f32(x, y), x, y))
+#undef VS_F2
+inline F16 fma(F16 a, F16 b, F16 c) {
+  VS_Q(q) c.v[q] = vfmaq_f32(c.v[q], a.v[q], b.v[q]);
+  return c;
+}
+inline F16 fnma(F16 a, F16 b, F16 c) {  // c - a * b, rounded once
+  VS_Q(q) c.v[q] = vfmsq_f32(c.v[q], a.v[q], b.v[q]);
+  return c;
+}
+inline F16 abs(F16 a) {
+  VS_Q(q) a.v[q] = vabsq_f32(a.v[q]);
+  return a;
+}
+inline F16 nearest(F16 a) {
+  VS_Q(q) a.v[q] = vrndnq_f32(a.v[q]);
+  return a;
+}
+inline F16 keep_first(F16 a, int n) {
+  alignas(16) float t[16];
+  store(t, a);
+  for (int i = n < 0 ? 0 : n; i < 16; ++i) t[i] = 0.0f;
+  return load(t);
+}
+inline F16 zero_where_less(F16 a, F16 x, F16 lo) {
+  VS_Q(q) a.v[q] = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(a.v[q]), vcltq_f32(x.v[q], lo.v[q])));
+  return a;
+}
+inline I16 cvt_nearest(F16 a) {
+  I16 r;
+  VS_Q(q) {
+    const uint32x4_t in_range =
+        vandq_u32(vcgeq_f32(a.v[q], vdupq_n_f32(-2147483648.0f)), vcltq_f32(a.v[q], vdupq_n_f32(2147483648.0f)));
+    r.v[q] = vbslq_s32(in_range, vcvtnq_s32_f32(a.v[q]), vdupq_n_s32(INT32_MIN));
+  }
+  return r;
+}
+inline F16 to_float(I16 a) {
+  F16 r;
+  VS_Q(q) r.v[q] = vcvtq_f32_s32(a.v[q]);
+  return r;
+}
+inline I16 izero() {
+  I16 r;
+  VS_Q(q) r.v[q] = vdupq_n_s32(0);
+  return r;
+}
+inline I16 iset1(int32_t x) {
+  I16 r;
+  VS_Q(q) r.v[q] = vdupq_n_s32(x);
+  return r;
+}
+inline I16 iload(const void* p) {
+  I16 r;
+  VS_Q(q) r.v[q] = vld1q_s32(static_cast<const int32_t*>(p) + 4 * q);
+  return r;
+}
+inline void istore(void* p, I16 a) { VS_Q(q) vst1q_s32(static_cast<int32_t*>(p) + 4 * q, a.v[q]); }
+#define VS_I2(name, expr)                                   \
+  inline I16 name(I16 a, I16 b) {                           \
+    I16 r;                                                  \
+    VS_Q(q) {                                               \
+      const int32x4_t x = a.v[q], y = b.v[q];               \
+      r.v[q] = (expr);                                      \
+    }                                                       \
+    return r;                                               \
+  }
+VS_I2(iadd, vaddq_s32(x, y))
+VS_I2(isub, vsubq_s32(x, y))
+VS_I2(imax, vmaxq_s32(x, y))
+VS_I2(imin, vminq_s32(x, y))
+VS_I2(iand, vandq_s32(x, y))
+VS_I2(ior, vorrq_s32(x, y))
+VS_I2(ixor, veorq_s32(x, y))
+VS_I2(shl_lanes, vreinterpretq_s32_u32(vbicq_u32(vshlq_u32(vreinterpretq_u32_s32(x), y),
+                                                 vcgtq_u32(vreinterpretq_u32_s32(y), vdupq_n_u32(31)))))
+#undef VS_I2
+template <int N>
+inline I16 ishr(I16 a) {
+  if constexpr (N == 0) return a;
+  else {
+    VS_Q(q) a.v[q] = vreinterpretq_s32_u32(vshrq_n_u32(vreinterpretq_u32_s32(a.v[q]), N));
+    return a;
+  }
+}
+inline F16 as_float(I16 a) {
+  F16 r;
+  VS_Q(q) r.v[q] = vreinterpretq_f32_s32(a.v[q]);
+  return r;
+}
+inline I16 as_int(F16 a) {
+  I16 r;
+  VS_Q(q) r.v[q] = vreinterpretq_s32_f32(a.v[q]);
+  return r;
+}
+inline void store_i8(int8_t* p, I16 a) {  // values already within -127..127
+  const int16x8_t lo = vcombine_s16(vmovn_s32(a.v[0]), vmovn_s32(a.v[1]));
+  const int16x8_t hi = vcombine_s16(vmovn_s32(a.v[2]), vmovn_s32(a.v[3]));
+  vst1q_s8(p, vcombine_s8(vmovn_s16(lo), vmovn_s16(hi)));
+}
+inline F16 half16(const uint16_t* p) {
+  F16 r;
+  VS_Q(q) r.v[q] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * q)));
+  return r;
+}
+inline float lane(F16 a, int i) {
+  alignas(16) float t[16];
+  store(t, a);
+  return t[i];
+}
+#undef VS_Q
 
 #else
 // ------------------------------------------------------------------------------------ plain C++
