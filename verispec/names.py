@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Literal
 
 #: Model precisions (``--dtype`` / ``--draft-dtype``): fp32 is the exact reference; int8 / int4
-#: quantise the projections' weights (int4 = a GGUF's Q4_K blocks exactly) and run on the CPU kernels.
-PRECISIONS = ("fp32", "bf16", "int8", "int4")
-Precision = Literal["fp32", "bf16", "int8", "int4"]
+#: quantise the projections' weights (int4 = a GGUF's Q4_K blocks exactly) and run on the CPU kernels;
+#: int4-all also requantises the other decoder projections to Q4_K (for drafts).
+PRECISIONS = ("fp32", "bf16", "int8", "int4", "int4-all")
+Precision = Literal["fp32", "bf16", "int8", "int4", "int4-all"]
 #: Precisions whose projections are quantised (W8A8 integer kernels).
-QUANTIZED = ("int8", "int4")
+QUANTIZED = ("int8", "int4", "int4-all")
 
 #: Where draft tokens come from (``--drafter``): the draft model, prompt lookup, prompt lookup
 #: else the model, the draft model's token trees, trees of earlier continuations of the current

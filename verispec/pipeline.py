@@ -89,34 +89,42 @@ def machine_defaults(
     target: str | os.PathLike[str] = DEFAULT_TARGET,
     draft: str | os.PathLike[str] | None = DEFAULT_DRAFT,
     device: str = "cpu",
+    draft_dtype_given: DTypeName | None = None,
 ) -> MachineDefaults:
     """The fastest configuration this machine runs exactly (every choice keeps the output law the
     target precision's own; only speed differs): on a CPU whose tier of verispec's kernels is a
     vector one (:mod:`verispec.kernels.dispatch`), an int4 target when its file has Q4_K weights
-    (used exactly: a decode pass reads a third of bf16's bytes) else bf16, and a draft in int4 when
-    its file has Q4_K weights, else int8 (its precision only moves the acceptance rate: on the
-    default pair, 2-core Sapphire Rapids, an int4 draft decoded 5 HumanEval prompts 7% faster than
-    an int8 one, benchmarks/vs_llamacpp.py), scoring the first 32768 token ids when its vocabulary
+    (used exactly: a decode pass reads a third of bf16's bytes) else bf16, and a draft in int4-all
+    when its file has Q4_K weights (every decoder projection 4-bit, the others requantised), else
+    int8 (its precision only moves the acceptance rate: on the default pair, 2-core Sapphire
+    Rapids, an int4 draft decoded 5 HumanEval prompts 7% faster than an int8 one; on 2-core Zen 5
+    an int4-all draft a median 8% faster than an int4 one over 13 prompts in two runs, acceptance
+    0.85 -> 0.77-0.82, benchmarks/vs_llamacpp.py), scoring the first 32768 token ids when its vocabulary
     is much larger; elsewhere (CUDA, or a CPU where only the portable tier builds) bf16 on torch's
-    kernels. K is chosen per step from measured costs in every case."""
+    kernels. K is chosen per step from measured costs in every case. ``draft_dtype_given``: the
+    user's draft precision, which is kept (and said to be theirs)."""
     if device != "cpu":
-        return MachineDefaults("bf16", "bf16", None, f"on {device}: bf16 target and draft on torch's kernels")
+        draft_on_device: DTypeName = draft_dtype_given or "bf16"
+        why = f"on {device}: bf16 target, {draft_on_device} draft on torch's kernels"
+        return MachineDefaults("bf16", draft_on_device, None, why)
     from verispec.formats.loader import bf16_kernel_usable, has_q4k_weights
     from verispec.kernels import dispatch
 
     if not bf16_kernel_usable():
         why = "verispec's vector kernels do not run here: bf16 on torch's kernels"
-        return MachineDefaults("bf16", "bf16", None, why)
+        return MachineDefaults("bf16", draft_dtype_given or "bf16", None, why)
     tier = dispatch.selected().name
     q4k = has_q4k_weights(target)
-    draft_dtype: DTypeName = "int4" if draft is not None and has_q4k_weights(draft) else "int8"
+    draft_dtype: DTypeName = "int4-all" if draft is not None and has_q4k_weights(draft) else "int8"
+    draft_dtype = draft_dtype_given or draft_dtype
+    mine = " (as given)" if draft_dtype_given else ""
     config = peek_config(draft) if draft is not None else None
     head = DEFAULT_DRAFT_HEAD if config is not None and config.vocab_size > 2 * DEFAULT_DRAFT_HEAD else None
     target_why = "int4 target (the file's Q4_K weights exactly)" if q4k else "bf16 target (no Q4_K weights to use)"
     head_why = f" scoring {head} of {config.vocab_size} ids" if head and config is not None else ""
     return MachineDefaults(
         "int4" if q4k else "bf16", draft_dtype, head,
-        f"{tier} kernels: {target_why}, {draft_dtype} draft{head_why}, K per step from measured costs",
+        f"{tier} kernels: {target_why}, {draft_dtype} draft{mine}{head_why}, K per step from measured costs",
     )  # fmt: skip
 
 

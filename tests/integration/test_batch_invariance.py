@@ -36,22 +36,23 @@ def config() -> ModelConfig:
 
 
 def model(precision: str, seed: int = 0, noise: float = 0.0, kernels: bool = True) -> Transformer:
-    """A random model in "bf16" or "int8" (``noise``: a perturbed copy, for a draft)."""
+    """A random model in "bf16", "int8", "mixed" or "int4-all" (``noise``: a perturbed copy, for a draft)."""
     sd = random_state_dict(config(), seed=0, std=0.08)
     if noise:
         gen = torch.Generator().manual_seed(seed)
         sd = {
             k: v + noise * v.std() * torch.randn(v.shape, generator=gen) if v.numel() > 1 else v for k, v in sd.items()
         }
-    if precision in ("int8", "mixed"):
-        packed = packing.pack(packing.WeightSource(state_dict=sd), config(), "int8")
+    if precision in ("int8", "mixed", "int4-all"):  # int4-all: Q4_K with the 128-input rows padded to 256
+        kind = "int4-all" if precision == "int4-all" else "int8"
+        packed = packing.pack(packing.WeightSource(state_dict=sd), config(), kind)
         if precision == "mixed":  # v and up stay bf16, like a Q4_K_M file's Q6_K tensors: nothing fuses
             packed = {k: v for k, v in packed.items() if ".v_proj." not in k and ".up_proj." not in k}
         sd = packing.merge(sd, packed)
     return Transformer(config(), sd, dtype=torch.bfloat16, cpu_kernels=kernels)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4-all"])
 def test_a_verification_pass_equals_its_decode_steps(precision: str) -> None:
     m = model(precision)
     assert m.cpu_kernels

@@ -71,7 +71,7 @@ def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def models(gguf_path: Path) -> dict[str, LoadedModel]:
-    return {p: load_model(gguf_path, dtype=p) for p in ("fp32", "int8", "int4")}  # type: ignore[arg-type]
+    return {p: load_model(gguf_path, dtype=p) for p in ("fp32", "int8", "int4", "int4-all")}  # type: ignore[arg-type]
 
 
 def source_tensors(prefix: str, tied: bool) -> list[str]:
@@ -110,6 +110,23 @@ def test_each_projection_runs_on_the_kernel_its_storage_type_asks_for(
     assert kinds.count("q4k") == len(Q4K) - 1 and kinds.count("int8") == LAYERS * 7 + 1 - (len(Q4K) - 1)
     # bytes streamed per token: Q4_K 4.5 bits, int8 8 bits (+ scales) per weight
     assert models["int4"].model.weight_bytes() < models["int8"].model.weight_bytes()
+
+
+def test_int4_all_runs_every_decoder_projection_on_q4k(gguf_path: Path, models: dict[str, LoadedModel]) -> None:
+    gguf = GGUFModel(gguf_path)
+    model = models["int4-all"].model
+    for prefix, lin in model.linears().items():
+        sources = source_tensors(prefix, gguf.config.tie_word_embeddings)
+        exact = torch.cat([gguf.load(source, torch.float32) for source in sources])
+        if prefix == "lm_head":  # as in int4: the head is cut for drafts, which Q4_K rows cannot be
+            assert lin.kind == models["int4"].model.linears()[prefix].kind == "int8"
+            continue
+        assert lin.kind == "q4k", prefix
+        if all(gguf.tensor_info(source).type_name == "Q4_K" for source in sources):
+            assert torch.equal(lin.dequantize(), exact), prefix  # stored Q4_K: used as it is
+        else:  # requantised: a 4-bit rounding
+            assert ((lin.dequantize() - exact).pow(2).mean() / exact.pow(2).mean()).sqrt() < 0.12, prefix
+    assert model.weight_bytes() < models["int4"].model.weight_bytes()
 
 
 def test_quantized_logits_follow_the_fp32_reference(models: dict[str, LoadedModel]) -> None:
@@ -157,7 +174,9 @@ def recompute_gaps(target: Transformer, prompt: list[int], tokens: list[int]) ->
     return gaps
 
 
-@pytest.mark.parametrize(("target", "draft"), [("int4", "int8"), ("int8", "int4"), ("int4", "fp32")])
+@pytest.mark.parametrize(
+    ("target", "draft"), [("int4", "int8"), ("int8", "int4"), ("int4", "fp32"), ("int4", "int4-all")]
+)
 def test_greedy_speculative_equals_plain_greedy(
     models: dict[str, LoadedModel], disagreeing: list[list[int]], target: str, draft: str
 ) -> None:

@@ -21,9 +21,9 @@ def args(**kw: object) -> argparse.Namespace:
 @pytest.mark.parametrize(
     ("kernels", "q4k", "vocab", "device", "expect"),
     [
-        (True, True, 151936, "cpu", ("int4", "int4", 32768)),
+        (True, True, 151936, "cpu", ("int4", "int4-all", 32768)),
         (True, False, 151936, "cpu", ("bf16", "int8", 32768)),  # no Q4_K weights: bf16 target, int8 draft
-        (True, True, 32000, "cpu", ("int4", "int4", None)),  # a small vocabulary: no head to cut
+        (True, True, 32000, "cpu", ("int4", "int4-all", None)),  # a small vocabulary: no head to cut
         (False, True, 151936, "cpu", ("bf16", "bf16", None)),  # torch's kernels: no int8 / int4
         (True, True, 151936, "cuda", ("bf16", "bf16", None)),
     ],
@@ -51,10 +51,12 @@ def test_a_users_choice_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loader, "has_q4k_weights", lambda spec: True)
     monkeypatch.setattr(pipeline, "peek_config", lambda spec: None)
     ns = args(draft_dtype="bf16", draft_vocab=1000)  # only the precision of the target is left to pick
-    assert resolve_precisions(ns) is not None and (ns.dtype, ns.draft_dtype, ns.draft_vocab) == ("int4", "bf16", 1000)
+    line = resolve_precisions(ns)
+    assert (ns.dtype, ns.draft_dtype, ns.draft_vocab) == ("int4", "bf16", 1000)
+    assert line is not None and "--draft-dtype bf16 " in line and "bf16 draft (as given)" in line  # says what runs
     ns = args()
     resolve_precisions(ns)
-    assert (ns.dtype, ns.draft_dtype) == ("int4", "int4")
+    assert (ns.dtype, ns.draft_dtype) == ("int4", "int4-all")
     ns = args(drafter="ngram")  # no draft model: no draft head
     resolve_precisions(ns)
     assert ns.draft_vocab is None

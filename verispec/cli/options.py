@@ -136,10 +136,9 @@ def resolve_precisions(args: argparse.Namespace) -> str | None:
     from verispec.pipeline import machine_defaults
 
     uses_draft = args.drafter in MODEL_DRAFTERS
-    picked = machine_defaults(args.target, args.draft if uses_draft else None, args.device)
+    picked = machine_defaults(args.target, args.draft if uses_draft else None, args.device, args.draft_dtype)
     args.dtype = picked.dtype
-    if args.draft_dtype is None:
-        args.draft_dtype = picked.draft_dtype
+    args.draft_dtype = args.draft_dtype or picked.draft_dtype
     if args.draft_vocab is None and uses_draft:
         args.draft_vocab = picked.draft_head
     return f"picked {picked.flags()} for this machine: {picked.why}"

@@ -18,6 +18,7 @@ import logging
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,10 @@ def fingerprint(model: LanguageModel, name: str) -> str:
     ]  # fmt: skip
     if model.precision in QUANTIZED:  # quantised weights cost differently from the dtype's dense ones
         parts.append(model.precision)
+        linears = getattr(model, "linears", None)  # and by how many projections have which kind (int4 / int4-all)
+        if callable(linears):
+            kinds = Counter(str(getattr(m, "kind", "?")) for m in linears().values())
+            parts.append(",".join(f"{k}={n}" for k, n in sorted(kinds.items())))
     if model.cpu_kernels:  # on verispec's kernels: their sources decide the costs
         from verispec.kernels.build import build_key
 

@@ -74,6 +74,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "int8": torch.bfloat16,
     "int4": torch.bfloat16,
+    "int4-all": torch.bfloat16,
 }
 
 __all__ = [
@@ -106,7 +107,7 @@ class LoadedModel:
     dtype: torch.dtype  # of the activations (and of the weights unless quantised)
     load_seconds: float
     vocab_size: int  # ids the tokenizer defines (padding placeholders excluded), <= logits_width
-    precision: str  # "fp32", "bf16", "int8" or "int4" (see verispec.models.quantized)
+    precision: str  # "fp32", "bf16", "int8", "int4" or "int4-all" (see verispec.models.quantized)
 
     @property
     def logits_width(self) -> int:

@@ -2,10 +2,11 @@
 cache (:mod:`verispec.models.quantized` says which projection gets which kernel).
 
 Packed tensors are cached beside a prepared model, ``<folder>/int4.safetensors`` /
-``int8.safetensors`` (only the packed projections: codes, scales, fp32 biases; the rest comes from
-``bf16.safetensors``), written once, atomically, under a lock, and memory-mapped afterwards; the
-file records the source GGUF's sha256 and the packing format, and is rebuilt when either
-changes. A plain ``.gguf`` path is packed at load time.
+``int4-all.safetensors`` / ``int8.safetensors`` (only the packed projections: codes, scales, fp32
+biases; the rest comes from ``bf16.safetensors``), written once, atomically, under a lock, and
+memory-mapped afterwards; the file records the source GGUF's sha256 and the packing format (and
+for int4-all the requantisation's), and is rebuilt when one changes. A plain ``.gguf`` path is
+packed at load time.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class WeightSource:
 def plan(source: WeightSource, config: ModelConfig, precision: str) -> dict[str, str]:
     """``{projection prefix: kind}`` for ``precision`` (see :func:`choose_kind`)."""
     kinds = {
-        s.prefix: choose_kind(precision, source.stored_type(s.source), s.in_features) for s in linear_specs(config)
+        s.prefix: choose_kind(precision, source.stored_type(s.source), s.in_features, s.prefix == "lm_head")
+        for s in linear_specs(config)
     }
     if precision == "int4" and "q4k" not in kinds.values():
         raise ConfigError(
@@ -92,10 +94,12 @@ def _packed_tensors(
     specs = [s for s in linear_specs(config) if kinds[s.prefix] != "dense"]
     for done, s in enumerate(specs, start=1):
         bias = source.float32(s.prefix + ".bias") if s.bias else None
-        if kinds[s.prefix] == "q4k":
+        if kinds[s.prefix] == "q4k" and source.stored_type(s.source) == "Q4_K":
             module: torch.nn.Module = Q4KLinear.from_blocks(
                 source.blocks(s.source), s.out_features, s.in_features, bias
             )
+        elif kinds[s.prefix] == "q4k":  # "int4-all": requantised
+            module = Q4KLinear.from_weight(source.float32(s.source), bias)
         else:
             module = Int8Linear.from_weight(source.float32(s.source), bias)
         for name, tensor in module.state_dict().items():
@@ -123,9 +127,12 @@ def load_or_pack(
     """The packed projections of the prepared model in ``folder``, from its cache file, which is
     (re)built from ``gguf_path`` first when missing or stale (see the module docstring)."""
     from verispec.formats.convert import load_safetensors, read_metadata, write_tensors
+    from verispec.formats.requantize import REQUANTIZE_FORMAT
 
     path = cache_path(folder, precision)
     wanted = {"packing": PACK_FORMAT, "precision": precision, "source_sha256": source_sha256}
+    if precision == "int4-all":  # its requantised blocks change with the fit
+        wanted["requantize"] = REQUANTIZE_FORMAT
 
     def fresh() -> bool:
         meta = read_metadata(path)

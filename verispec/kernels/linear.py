@@ -52,8 +52,9 @@ def _row_blocks(n: int) -> int:
 
 
 def q4k_packed_numel(out_features: int, in_features: int) -> int:
-    """Bytes of the packed form of a ``[out_features, in_features]`` Q4_K matrix."""
-    return _row_blocks(out_features) * (in_features // Q4K_SUPER) * Q4K_RECORD_BYTES
+    """Bytes of the packed form of a ``[out_features, in_features]`` Q4_K matrix (inputs padded to a
+    whole number of super-blocks)."""
+    return _row_blocks(out_features) * -(-in_features // Q4K_SUPER) * Q4K_RECORD_BYTES
 
 
 def _flat(x: Tensor) -> Tensor:  # [..., K] -> [M, K]
@@ -82,7 +83,10 @@ class Q4KLinear(nn.Module):
     for bit as ggml does.
 
     ``q4k``: the packed records (uint8, :func:`q4k_packed_numel` bytes), as :meth:`from_blocks`
-    makes them. ``K`` must be a multiple of 256 (the format's super-block); ``N`` is any size.
+    (a GGUF's blocks, ``K`` a multiple of 256) or :meth:`from_weight` (float weights requantised)
+    makes them. ``K`` must be a multiple of 32; when it is not one of 256 (the format's
+    super-block) the weights are padded with zeros to ``packed_in_features``, the next multiple,
+    and so are the activations in :meth:`forward` (adding nothing). ``N`` is any size.
     """
 
     kind: ClassVar[str] = "q4k"
@@ -91,12 +95,13 @@ class Q4KLinear(nn.Module):
 
     def __init__(self, q4k: Tensor, out_features: int, in_features: int, bias: Tensor | None = None) -> None:
         super().__init__()
-        if in_features % Q4K_SUPER:
-            raise ValueError(f"Q4_K needs in_features % 256 == 0, got {in_features}")
+        if in_features % INT8_ALIGN:
+            raise ValueError(f"Q4_K needs in_features % {INT8_ALIGN} == 0, got {in_features}")
         expected = q4k_packed_numel(out_features, in_features)
         if q4k.dtype != torch.uint8 or q4k.numel() != expected:
             raise ValueError(f"packed Q4_K must be {expected} uint8 bytes, got {q4k.numel()} {q4k.dtype}")
         self.out_features, self.in_features = out_features, in_features
+        self.packed_in_features = -(-in_features // Q4K_SUPER) * Q4K_SUPER
         self.register_buffer("q4k", q4k.reshape(-1))
         self.register_buffer("bias", _check_bias(bias, out_features))
 
@@ -106,25 +111,40 @@ class Q4KLinear(nn.Module):
         """From the GGUF blocks ``[N, K/256 * 144]`` uint8 (rows in the runtime's order)."""
         # (a copy: GGUF blocks are often a read-only memory map, which torch will not wrap)
         raw = torch.from_numpy(np.array(blocks, dtype=np.uint8)) if isinstance(blocks, np.ndarray) else blocks
+        if in_features % Q4K_SUPER:
+            raise ValueError(f"GGUF Q4_K blocks cover a multiple of 256 inputs, got {in_features}")
         packed = load().q4k_pack(raw.contiguous().reshape(out_features, -1), out_features, in_features)
         return cls(packed, out_features, in_features, bias)
+
+    @classmethod
+    def from_weight(cls, weight: Tensor, bias: Tensor | None = None) -> Q4KLinear:
+        """From float weights ``[N, K]``, requantised to Q4_K (:mod:`verispec.formats.requantize`:
+        a second rounding, for drafts) with ``K`` padded to a multiple of 256."""
+        from verispec.formats.requantize import quantize_q4k
+
+        n, k = weight.shape
+        blocks = torch.from_numpy(quantize_q4k(weight.detach().to(torch.float32).cpu().numpy()))
+        packed = load().q4k_pack(blocks, n, -(-k // Q4K_SUPER) * Q4K_SUPER)
+        return cls(packed, n, k, bias)
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] bf16/fp32 -> [..., N] same dtype
         if x.numel() == 0:  # no rows (e.g. a step where no sequence needs this head)
             return x.new_zeros(*x.shape[:-1], self.out_features)
-        y: Tensor = load().q4k_linear(_flat(x), self.q4k, self.out_features, self.in_features, self.bias)
+        # (the kernel pads x to packed_in_features itself)
+        y: Tensor = load().q4k_linear(_flat(x), self.q4k, self.out_features, self.packed_in_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self) -> Tensor:  # [N, K] fp32: the weights forward() multiplies by, exactly
-        w: Tensor = load().q4k_dequantize(self.q4k, self.out_features, self.in_features)
-        return w
+        w: Tensor = load().q4k_dequantize(self.q4k, self.out_features, self.packed_in_features)
+        return w if self.packed_in_features == self.in_features else w[:, : self.in_features].contiguous()
 
     def weight_bytes(self) -> int:
         """Bytes one forward pass streams (the packed weights and the bias)."""
         return self.q4k.numel() + (0 if self.bias is None else self.bias.numel() * 4)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, Q4_K exact, W8A8"
+        padded = "" if self.packed_in_features == self.in_features else f" (padded to {self.packed_in_features})"
+        return f"in_features={self.in_features}{padded}, out_features={self.out_features}, Q4_K exact, W8A8"
 
 
 class Int8Linear(nn.Module):

@@ -372,7 +372,8 @@ class Transformer(nn.Module):
                 return ops.Projection(1, module.int8, module.int8_scale, module.bias, module.out_features,
                                       module.in_features)  # fmt: skip
             if isinstance(module, Q4KLinear):
-                return ops.Projection(2, module.q4k, None, module.bias, module.out_features, module.in_features)
+                return ops.Projection(2, module.q4k, None, module.bias, module.out_features,
+                                      module.packed_in_features)  # fmt: skip
             return None
 
         layers = [layer for layer in self.model.layers if isinstance(layer, DecoderLayer)]

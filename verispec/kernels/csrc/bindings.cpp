@@ -144,10 +144,15 @@ at::Tensor q4k_dequantize_packed(const at::Tensor& packed, int64_t n, int64_t k)
   return w.narrow(0, 0, n).contiguous();
 }
 
-at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+// x [M, K] with K = k, or narrower by less than one super-block when the weights were padded with
+// zeros to a whole one (a requantised projection): x is padded with zeros alike, which adds nothing.
+at::Tensor q4k_matmul(const at::Tensor& x_in, const at::Tensor& packed, int64_t n, int64_t k,
                       const c10::optional<at::Tensor>& bias, int64_t engine) {
   TORCH_CHECK(k % kQ4KSuper == 0, "Q4_K rows must have a multiple of 256 inputs, got ", k);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1, "x must be [M, ", k, "], got ", x.sizes());
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) <= k && x_in.size(1) > k - kQ4KSuper && x_in.size(1) % 32 == 0 &&
+                  x_in.size(0) >= 1,
+              "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x_in.sizes());
+  const at::Tensor x = x_in.size(1) == k ? x_in : at::constant_pad_nd(x_in, {0, k - x_in.size(1)}, 0);
   check_weights(packed, at::kByte, row_blocks(n) * (k / kQ4KSuper) * kQ4KRecord, "packed Q4_K");
   const bool amx = tiles_for(x.size(0), engine, kQ4KVectorRows);
   at::Tensor y = at::empty({x.size(0), n}, x.options());

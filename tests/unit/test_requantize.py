@@ -1,0 +1,69 @@
+"""Q4_K blocks made from float weights (the "int4-all" precision's requantisation): the format
+ggml reads, padding that adds nothing, and the kernel's arithmetic on padded rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from tests.kernels import q4k_reference, require_kernels
+from verispec.formats.requantize import padded_size, quantize_q4k
+from verispec.models.quantized import choose_kind
+
+
+def ggml_weights(blocks: np.ndarray, n: int, k: int) -> np.ndarray:  # [n, k] as ggml dequantises them
+    return dequantize(blocks, GGMLQuantizationType.Q4_K).reshape(n, padded_size(k))[:, :k]
+
+
+def rel_rms(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sqrt(((a - b) ** 2).mean() / (b**2).mean()))
+
+
+def test_blocks_are_ggmls_q4k_and_close_to_the_weights() -> None:
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((40, 896)) * 0.05).astype(np.float32)
+    w[3] = 0.0  # a zero row
+    w[5] = 0.01  # a constant positive row: no negative minimum
+    w[6, :32] = -2.0  # one sub-block far from the rest
+    blocks = quantize_q4k(w)
+    assert blocks.dtype == np.uint8 and blocks.shape == (40, 4 * 144)  # 896 padded to 1024: 4 super-blocks
+    padded = dequantize(blocks, GGMLQuantizationType.Q4_K).reshape(40, 1024)
+    assert not padded[:, 896:].any() and not padded[3].any()  # the padding and the zero row stay zero
+    got = ggml_weights(blocks, 40, 896)
+    assert rel_rms(got, w) < 0.1  # 4-bit codes with 6-bit scales: about 8% of the weights' RMS
+    assert np.abs(got[5] - 0.01).max() < 1e-3
+    assert rel_rms(got, w) <= rel_rms(ggml_weights(quantize_q4k(w, refine=0), 40, 896), w)  # refining helps
+
+
+def test_int4_all_requantises_every_decoder_projection_but_the_head() -> None:
+    assert choose_kind("int4-all", "Q8_0", 896) == "q4k" and choose_kind("int4-all", "Q4_K", 1536) == "q4k"
+    assert choose_kind("int4-all", "Q6_K", 896, head=True) == "int8"  # the LM head as in int4 (it is cut)
+    assert choose_kind("int4-all", "F16", 100) == "dense" and choose_kind("int4", "Q8_0", 896) == "int8"
+
+
+@pytest.mark.parametrize(("n", "k"), [(40, 96), (17, 896), (16, 256)])
+def test_a_padded_projection_computes_the_kernels_arithmetic_on_padded_rows(n: int, k: int) -> None:
+    require_kernels()
+    from verispec.kernels import Q4KLinear
+    from verispec.kernels.linear import fuse_linears
+
+    gen = torch.Generator().manual_seed(k)
+    w = torch.randn(n, k, generator=gen) * 0.1
+    bias = torch.randn(n, generator=gen)
+    lin = Q4KLinear.from_weight(w, bias)
+    kp = padded_size(k)
+    assert (lin.in_features, lin.packed_in_features) == (k, kp)
+    blocks = quantize_q4k(w.numpy())
+    assert torch.equal(lin.dequantize(), torch.from_numpy(ggml_weights(blocks, n, k).copy()))
+    x = (torch.randn(7, k, generator=gen) * 2).to(torch.bfloat16)
+    y = lin(x)
+    ref = q4k_reference(torch.nn.functional.pad(x, (0, kp - k)), blocks, n, kp, bias)
+    assert torch.equal(y, ref)  # zero weights times zero activations: the padding adds nothing
+    assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(7)]), y)  # row by row, bit for bit
+    if n > 16:  # q/k/v and gate/up fuse as with GGUF blocks
+        fused = fuse_linears([Q4KLinear.from_weight(w[:16]), Q4KLinear.from_weight(w[16:])])
+        assert fused is not None and torch.equal(fused(x), Q4KLinear.from_weight(w)(x))
+    assert quantize_q4k(np.zeros((0, k), dtype=np.float32)).shape == (0, kp // 256 * 144)
