@@ -31,7 +31,8 @@ def require_kernels(tier: str | None = None) -> Any:
         pytest.skip(str(exc))
     missing = dispatch.missing(chosen)
     if missing:
-        pytest.skip(f"the {chosen.name} kernels cannot run on this CPU: it lacks {', '.join(missing)}")
+        elsewhere = " (tests/unit/test_kernel_neon.py tests them under qemu-user)" if chosen.name == "neon" else ""
+        pytest.skip(f"the {chosen.name} kernels cannot run on this CPU: it lacks {', '.join(missing)}{elsewhere}")
     if build.compiler() is None:
         pytest.skip("no C++ compiler to build the kernels (install g++ >= 11)")
     if not is_ninja_available():

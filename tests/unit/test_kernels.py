@@ -238,17 +238,21 @@ def test_rows_do_not_depend_on_the_other_rows(kind: str) -> None:
 
 
 def test_shapes_are_checked() -> None:
-    from verispec.kernels import Int8Linear, Q4KLinear
+    from verispec.kernels import Int8Linear, Q4KLinear, load
 
-    with pytest.raises(ValueError, match="256"):
+    with pytest.raises(ValueError, match="% 32"):
         Q4KLinear(torch.zeros(10, dtype=torch.uint8), 16, 100)
+    with pytest.raises(ValueError, match="multiple of 256"):  # GGUF blocks cover whole super-blocks
+        Q4KLinear.from_blocks(q4k_blocks(16, 256), 16, 224)
     with pytest.raises(ValueError, match="uint8 bytes"):
         Q4KLinear(torch.zeros(10, dtype=torch.uint8), 16, 256)
     with pytest.raises(ValueError, match=r"multiple|% 32"):
         Int8Linear.from_weight(torch.randn(16, 40))
     lin = Q4KLinear.from_blocks(q4k_blocks(16, 256), 16, 256)
-    with pytest.raises(RuntimeError, match=r"\[M, 256\]"):
+    with pytest.raises(ValueError, match=r"\[\.\.\., 256\]"):
         lin(torch.randn(2, 128))
+    with pytest.raises(RuntimeError, match=r"\[M, 256\]"):  # the kernel itself: narrower by a super-block or more
+        load().q4k_linear(torch.randn(2, 0), lin.q4k, 16, 256, None)
 
 
 def test_a_cpu_without_the_instructions_gets_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,9 +128,10 @@ class Q4KLinear(nn.Module):
         return cls(packed, n, k, bias)
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] bf16/fp32 -> [..., N] same dtype
+        if x.shape[-1] != self.in_features:  # (the kernel pads x to packed_in_features itself, so it cannot tell)
+            raise ValueError(f"x must be [..., {self.in_features}], got {tuple(x.shape)}")
         if x.numel() == 0:  # no rows (e.g. a step where no sequence needs this head)
             return x.new_zeros(*x.shape[:-1], self.out_features)
-        # (the kernel pads x to packed_in_features itself)
         y: Tensor = load().q4k_linear(_flat(x), self.q4k, self.out_features, self.packed_in_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
