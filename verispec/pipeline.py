@@ -98,8 +98,8 @@ def machine_defaults(
     when its file has Q4_K weights (every decoder projection 4-bit, the others requantised), else
     int8 (its precision only moves the acceptance rate: on the default pair, 2-core Sapphire
     Rapids, an int4 draft decoded 5 HumanEval prompts 7% faster than an int8 one; on 2-core Zen 5
-    an int4-all draft a median 8% faster than an int4 one over 13 prompts in two runs, acceptance
-    0.85 -> 0.77-0.82, benchmarks/vs_llamacpp.py), scoring the first 32768 token ids when its vocabulary
+    an int4-all draft 1.05-1.14x faster than an int4 one, medians of three runs, acceptance
+    0.83-0.85 -> 0.77-0.82, benchmarks/vs_llamacpp.py), scoring the first 32768 token ids when its vocabulary
     is much larger; elsewhere (CUDA, or a CPU where only the portable tier builds) bf16 on torch's
     kernels. K is chosen per step from measured costs in every case. ``draft_dtype_given``: the
     user's draft precision, which is kept (and said to be theirs)."""
