@@ -30,7 +30,7 @@ inline void dpbusd_bcast(__m512i& acc, __m512i w, const int32_t* x) {
 // int8_groups below for a known number of groups G (16: a whole activation block; 8: the last
 // half block when K % 64 = 32), its loops unrolled whole so that the accumulators stay in
 // registers (with a loop count known only at run time, GCC kept them on the stack: a load and a
-// store around every VPDPBUSD, which cost an eight-row pass a third of its time on Zen 5).
+// store around every VPDPBUSD, which made an eight-row pass a third slower on Zen 5).
 template <int R, int G>
 inline __attribute__((always_inline)) void int8_groups_fixed(const uint8_t* w, const int32_t* xw,
                                                              const int32_t* psum, I16* s) {
