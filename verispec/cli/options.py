@@ -138,7 +138,7 @@ def resolve_precisions(args: argparse.Namespace) -> str | None:
     uses_draft = args.drafter in MODEL_DRAFTERS
     picked = machine_defaults(args.target, args.draft if uses_draft else None, args.device, args.draft_dtype)
     args.dtype = picked.dtype
-    args.draft_dtype = args.draft_dtype or picked.draft_dtype
+    args.draft_dtype = picked.draft_dtype  # (the given one, when given: machine_defaults keeps it)
     if args.draft_vocab is None and uses_draft:
         args.draft_vocab = picked.draft_head
     return f"picked {picked.flags()} for this machine: {picked.why}"

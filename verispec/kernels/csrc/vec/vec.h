@@ -310,16 +310,12 @@ struct I16 {
   int32x4_t v[4];
 };
 #define VS_Q(q) for (int q = 0; q < 4; ++q)
-inline F16 zero() {
-  F16 r;
-  VS_Q(q) r.v[q] = vdupq_n_f32(0.0f);
-  return r;
-}
 inline F16 set1(float x) {
   F16 r;
   VS_Q(q) r.v[q] = vdupq_n_f32(x);
   return r;
 }
+inline F16 zero() { return set1(0.0f); }
 inline F16 load(const float* p) {
   F16 r;
   VS_Q(q) r.v[q] = vld1q_f32(p + 4 * q);
@@ -369,15 +365,17 @@ inline void load_bf16_pairs(const uint16_t* p, F16& even, F16& odd) {
     odd.v[q] = vreinterpretq_f32_u32(vandq_u32(v, vdupq_n_u32(0xFFFF0000u)));
   }
 }
-#define VS_F2(name, expr)                                   \
-  inline F16 name(F16 a, F16 b) {                           \
-    F16 r;                                                  \
-    VS_Q(q) {                                               \
-      const float32x4_t x = a.v[q], y = b.v[q];             \
-      r.v[q] = (expr);                                      \
-    }                                                       \
-    return r;                                               \
+// a lane-wise binary operation of T (F16 or I16, registers of type R), x and y one register each
+#define VS_LANEWISE(T, R, name, expr) \
+  inline T name(T a, T b) {           \
+    T r;                              \
+    VS_Q(q) {                         \
+      const R x = a.v[q], y = b.v[q]; \
+      r.v[q] = (expr);                \
+    }                                 \
+    return r;                         \
   }
+#define VS_F2(name, expr) VS_LANEWISE(F16, float32x4_t, name, expr)
 VS_F2(add, vaddq_f32(x, y))
 VS_F2(sub, vsubq_f32(x, y))
 VS_F2(mul, vmulq_f32(x, y))
@@ -425,31 +423,19 @@ inline F16 to_float(I16 a) {
   VS_Q(q) r.v[q] = vcvtq_f32_s32(a.v[q]);
   return r;
 }
-inline I16 izero() {
-  I16 r;
-  VS_Q(q) r.v[q] = vdupq_n_s32(0);
-  return r;
-}
 inline I16 iset1(int32_t x) {
   I16 r;
   VS_Q(q) r.v[q] = vdupq_n_s32(x);
   return r;
 }
+inline I16 izero() { return iset1(0); }
 inline I16 iload(const void* p) {
   I16 r;
   VS_Q(q) r.v[q] = vld1q_s32(static_cast<const int32_t*>(p) + 4 * q);
   return r;
 }
 inline void istore(void* p, I16 a) { VS_Q(q) vst1q_s32(static_cast<int32_t*>(p) + 4 * q, a.v[q]); }
-#define VS_I2(name, expr)                                   \
-  inline I16 name(I16 a, I16 b) {                           \
-    I16 r;                                                  \
-    VS_Q(q) {                                               \
-      const int32x4_t x = a.v[q], y = b.v[q];               \
-      r.v[q] = (expr);                                      \
-    }                                                       \
-    return r;                                               \
-  }
+#define VS_I2(name, expr) VS_LANEWISE(I16, int32x4_t, name, expr)
 VS_I2(iadd, vaddq_s32(x, y))
 VS_I2(isub, vsubq_s32(x, y))
 VS_I2(imax, vmaxq_s32(x, y))
@@ -460,6 +446,7 @@ VS_I2(ixor, veorq_s32(x, y))
 VS_I2(shl_lanes, vreinterpretq_s32_u32(vbicq_u32(vshlq_u32(vreinterpretq_u32_s32(x), y),
                                                  vcgtq_u32(vreinterpretq_u32_s32(y), vdupq_n_u32(31)))))
 #undef VS_I2
+#undef VS_LANEWISE
 template <int N>
 inline I16 ishr(I16 a) {
   if constexpr (N == 0) return a;
