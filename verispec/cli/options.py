@@ -113,9 +113,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--draft-dtype",
         default=None,
         choices=PRECISIONS,
-        help="precision of the draft model (default: picked with --dtype when that is not given: int4 for a "
-        "draft with Q4_K weights, else int8, on a CPU where the kernels run; with --dtype given, int8 there "
-        "unless --dtype is fp32, else --dtype)",
+        help="precision of the draft model (default: picked with --dtype when that is not given: int4-all for "
+        "a draft with Q4_K weights, else int8, on a CPU where the kernels run; with --dtype given, int8 there "
+        "unless --dtype is fp32, else --dtype). int4-all: every decoder projection 4-bit (Q4_K blocks as "
+        "stored, the others requantised once): a cheaper draft; a draft's precision never changes the output's law",
     )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument(
