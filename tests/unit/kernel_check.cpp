@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -241,8 +242,9 @@ void layer_ops() {
   report("rotary", r);
 }
 
-void attention() {
-  const int64_t B = 2, T = 3, H = 4, Hkv = 2, D = 64, span = 37;
+// head sizes 64 (loops unrolled, 2 query heads per key/value head) and 48 (loops, 6 per head)
+void attention(int64_t H, int64_t D, const char* name) {
+  const int64_t B = 2, T = 3, Hkv = 2, span = 37;
   std::vector<float> q(B * T * H * D), k(B * Hkv * span * D), v(B * Hkv * span * D);
   for (auto& x : q) x = normalish();
   for (auto& x : k) x = normalish();
@@ -269,10 +271,11 @@ void attention() {
     a.scale = 0.125f;
     a.bf16 = bf16;
     attention_rows(a, 0, B * T * H);
+    const std::string what = std::string(name) + (bf16 ? " bf16" : " fp32");
     if (bf16)
-      report("attention bf16", ob);
+      report(what.c_str(), ob);
     else
-      report("attention fp32", of);
+      report(what.c_str(), of);
   }
 }
 
@@ -291,7 +294,8 @@ int main() {
   projections();
   quantize_edges();
   layer_ops();
-  attention();
+  attention(4, 64, "attention");
+  attention(12, 48, "attention d48");
   std::vector<uint8_t> bytes(4096 + 24);
   for (auto& b : bytes) b = static_cast<uint8_t>(next_u32());
   std::printf("stream_xor %016" PRIx64 "\n", stream_xor(bytes.data(), static_cast<int64_t>(bytes.size())));

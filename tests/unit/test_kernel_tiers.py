@@ -52,6 +52,14 @@ def outputs(module: Any) -> dict[str, Any]:
     visible[:, :, 0] = True
     for dtype in (torch.bfloat16, torch.float32):
         out[f"attention {dtype}"] = module.attention_rows(q.to(dtype), keys.to(dtype), values.to(dtype), visible, 0.125)
+    q = torch.randn(1, 2, 12, 48, generator=gen)  # a head size without unrolled loops, 6 query heads per key head
+    keys, values = (torch.randn(1, 2, 29, 48, generator=gen) for _ in range(2))
+    visible = torch.rand(1, 2, 29, generator=gen) < 0.7
+    visible[:, :, 0] = True
+    for dtype in (torch.bfloat16, torch.float32):
+        out[f"attention d48 {dtype}"] = module.attention_rows(
+            q.to(dtype), keys.to(dtype), values.to(dtype), visible, 0.125
+        )
     return out
 
 

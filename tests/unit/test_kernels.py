@@ -432,3 +432,68 @@ def test_fused_projections_equal_the_parts() -> None:
         fuse_linears([Bf16Linear.from_weight(torch.randn(20, 256)), Bf16Linear.from_weight(torch.randn(16, 256))])
         is None
     )
+
+
+# (batch, new tokens, query heads, key/value heads, head size, span): head sizes with unrolled loops
+# (64, 128, 256) and without (16, 48: a last block of 16 columns); up to 9 query heads per key/value
+# head (more than the kernel attends together) and groups that a split of the rows cuts
+ATTENTION_SHAPES = [
+    (1, 1, 12, 2, 128, 70),
+    (1, 5, 12, 2, 128, 40),
+    (2, 3, 4, 2, 64, 37),
+    (1, 2, 9, 1, 256, 20),
+    (2, 2, 6, 3, 48, 25),
+    (1, 3, 14, 2, 16, 33),
+    (3, 1, 5, 5, 128, 18),
+]
+
+
+def attention_inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
+    b, t, h, hkv, d, span = shape
+    gen = torch.Generator().manual_seed(seed)
+    q = (2 * torch.randn(b, t, h, d, generator=gen)).to(dtype)
+    k = (2 * torch.randn(b, hkv, span, d, generator=gen)).to(dtype)
+    v = torch.randn(b, hkv, span, d, generator=gen).to(dtype)
+    visible = torch.rand(b, t, span, generator=gen) < 0.8
+    visible[..., 0] = True
+    if b * t > 1:
+        visible[-1, -1, :] = False  # a row that sees nothing: zeros
+    return q, k, v, visible
+
+
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_attention_is_softmax_attention(kernels: object, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Against float64 softmax attention over the visible keys, each query head on its key/value head."""
+    q, k, v, visible = attention_inputs(shape, dtype, seed=sum(shape))
+    d, group = shape[4], shape[2] // shape[3]
+    got = kernels.attention_rows(q, k, v, visible, d**-0.5)  # type: ignore[attr-defined]
+    kk, vv = (x.double().repeat_interleave(group, dim=1) for x in (k, v))  # [B, H, span, D]
+    scores = torch.einsum("bthd,bhsd->bths", q.double(), kk) * d**-0.5
+    scores = scores.masked_fill(~visible[:, :, None, :], float("-inf"))
+    expect = torch.einsum("bths,bhsd->bthd", torch.softmax(scores, -1).nan_to_num(0.0), vv)
+    tol = 2**-7 if dtype == torch.bfloat16 else 1e-5
+    assert torch.allclose(got.double(), expect, atol=tol, rtol=tol)
+    if shape[0] * shape[1] > 1:
+        assert (got[-1, -1] == 0).all()
+
+
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # fp32 outputs show every rounding
+def test_attention_rows_do_not_depend_on_the_other_rows(
+    kernels: object, shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """Each new token's rows equal a call with that token alone, each batch row a call with it alone, and
+    each query head a call with that head alone on its key/value head, bit for bit (the kernel attends
+    several query heads together: that must not change a bit)."""
+    q, k, v, visible = attention_inputs(shape, dtype, seed=7)
+    attend = kernels.attention_rows  # type: ignore[attr-defined]
+    whole = attend(q, k, v, visible, 0.1)
+    group = shape[2] // shape[3]
+    for h in range(q.shape[2]):
+        kv = slice(h // group, h // group + 1)
+        assert torch.equal(attend(q[:, :, h : h + 1], k[:, kv], v[:, kv], visible, 0.1), whole[:, :, h : h + 1]), h
+    for t in range(q.shape[1]):
+        assert torch.equal(attend(q[:, t : t + 1], k, v, visible[:, t : t + 1], 0.1), whole[:, t : t + 1])
+    for b in range(q.shape[0]):
+        assert torch.equal(attend(q[b : b + 1], k[b : b + 1], v[b : b + 1], visible[b : b + 1], 0.1), whole[b : b + 1])
