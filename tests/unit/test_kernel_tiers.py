@@ -1,6 +1,6 @@
 """Every instruction-set tier of the kernels this CPU can execute computes the same bits: int8,
 Q4_K, the activation quantisation, attention, RMSNorm, RoPE, SwiGLU and the Q4_K dequantiser on
-all tiers; bf16 on avx512, avx2 and portable (the amx tier adds bf16 products in AMX's order, and
+all tiers; bf16 on avx512, avx2vnni, avx2 and portable (the amx tier adds bf16 products in AMX's order, and
 differs from the others by fp32 rounding only). Tiers this CPU cannot run are skipped, by name."""
 
 from __future__ import annotations
@@ -105,9 +105,14 @@ def test_the_tiers_are_ordered_and_forced_by_the_environment(monkeypatch: pytest
     assert runnable[-1] == "portable" and runnable == [t for t in dispatch.TIER_NAMES if t in runnable]
     monkeypatch.delenv(dispatch.ISA_ENV, raising=False)
     assert dispatch.selected().name == runnable[0]
-    for higher, lower in itertools.pairwise(dispatch.TIERS):  # a CPU that runs a tier runs every tier below it
-        if lower.machine in (None, higher.machine):  # (of its own machine, and the portable one)
+    # a CPU that runs a tier runs every tier below it (of its own machine, and the portable one), but
+    # for avx2vnni: AVX-VNNI is an extension of its own, which AVX-512 CPUs may lack (Ice Lake, Zen 4)
+    chain = [t for t in dispatch.TIERS if t.name != "avx2vnni"]
+    for higher, lower in itertools.pairwise(chain):
+        if lower.machine in (None, higher.machine):
             assert set(higher.cpu_flags) >= set(lower.cpu_flags)
+    vnni = dispatch.by_name("avx2vnni")
+    assert set(vnni.cpu_flags) == set(dispatch.by_name("avx2").cpu_flags) | {"avx_vnni"}
     assert [t.name for t in dispatch.TIERS if t.machine == "aarch64"] == ["neon"]
     for name in runnable:
         monkeypatch.setenv(dispatch.ISA_ENV, name.upper())

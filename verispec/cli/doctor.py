@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 #: Instruction sets worth naming: what the kernels need, and what a CPU without them has instead.
-FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+FEATURES = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
             "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimddp")  # fmt: skip
 
 

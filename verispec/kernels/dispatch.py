@@ -1,6 +1,6 @@
 """Which instruction-set tier of the CPU kernels runs here: picked from the CPU, or forced lower.
 
-The kernels come in five tiers, one compiled extension module each (:mod:`verispec.kernels.build`),
+The kernels come in six tiers, one compiled extension module each (:mod:`verispec.kernels.build`),
 all with the same functions, packed layouts and results (see ``csrc/vec/linear.cpp``):
 
 ======== ======================================================== ==============================
@@ -10,6 +10,10 @@ amx      AVX-512 F/BW/VL/DQ + BF16 + VNNI, AMX tiles (bf16, int8)  Intel Xeon 4t
                                                                   Rapids) and newer
 avx512   AVX-512 F/BW/VL/DQ + VNNI, FMA, F16C                     AMD Zen 4 / 5, Intel Ice Lake,
                                                                   Tiger Lake, Xeon 3rd gen
+avx2vnni AVX2, FMA, F16C + AVX-VNNI (256-bit VPDPBUSD)            Intel Alder Lake and later
+                                                                  client CPUs (Core 12th gen+),
+                                                                  AMD Zen 5 (where avx512 is
+                                                                  not exposed)
 avx2     AVX2, FMA, F16C                                          every x86-64 CPU since ~2013
                                                                   (Haswell, Zen 1-3)
 neon     AArch64 NEON with the dot product extension (asimddp)    ARMv8.2-A and later: AWS
@@ -18,11 +22,11 @@ neon     AArch64 NEON with the dot product extension (asimddp)    ARMv8.2-A and 
 portable plain C++ (the compiler vectorises what it can)          anything else
 ======== ======================================================== ==============================
 
-int8 and int4 give the same bits on every tier; bf16 gives the same bits on avx512, avx2, neon and
-portable, and the amx tier's bf16 (AMX's own order of fp32 additions) differs from them by fp32
+int8 and int4 give the same bits on every tier; bf16 gives the same bits on avx512, avx2vnni, avx2,
+neon and portable, and the amx tier's bf16 (AMX's own order of fp32 additions) differs from them by fp32
 rounding. The neon tier is tested bit for bit against the portable one by cross-compiling both
 for AArch64 and running them under qemu-user (``tests/unit/test_kernel_neon.py``); its speed has
-not been measured on ARM hardware. ``$VERISPEC_ISA=amx|avx512|avx2|neon|portable`` forces a tier
+not been measured on ARM hardware. ``$VERISPEC_ISA=amx|avx512|avx2vnni|avx2|neon|portable`` forces a tier
 (for tests and comparisons): one this CPU cannot execute is a :class:`~verispec.errors.ConfigError`.
 """
 
@@ -71,6 +75,12 @@ TIERS: tuple[Tier, ...] = (
         (*_AVX512_CPU, "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"),
     ),
     Tier("avx512", ("vec/linear.cpp", *_VEC, "bindings.cpp"), _AVX512, _AVX512_CPU),
+    Tier(
+        "avx2vnni",
+        ("vec/linear.cpp", *_VEC, "bindings.cpp"),
+        ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
+        ("avx2", "fma", "f16c", "avx_vnni"),
+    ),
     Tier("avx2", ("vec/linear.cpp", *_VEC, "bindings.cpp"), ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),
     Tier("neon", ("vec/linear.cpp", *_VEC, "bindings.cpp"), NEON_FLAGS, ("asimddp",), machine="aarch64"),
     Tier("portable", ("vec/linear.cpp", *_VEC, "bindings.cpp"), (), (), machine=None),

@@ -3,6 +3,8 @@
 // R activation rows, exact int32 sums of weight code x activation code. Integer sums are exact
 // in any order, so every implementation returns the same integers:
 //   - AVX-512 VNNI: VPDPBUSD (unsigned weight byte x signed activation byte, 4 per lane);
+//   - AVX2 with AVX-VNNI (the avx2vnni tier): VPDPBUSD on 256 bits, each 64-byte group as two
+//     halves of 8 rows;
 //   - AVX2: VPMADDUBSW (pairs of unsigned x signed bytes into int16) then VPMADDWD by ones into
 //     int32; the int8 weights go through |q| and sign(p, q) so that no int16 pair sum saturates
 //     (at most 2 * 128 * 127 = 32512), the 4-bit codes need nothing (2 * 15 * 127 = 3810, and up
@@ -55,6 +57,30 @@ inline __attribute__((always_inline)) void int8_groups_fixed(const uint8_t* w, c
   for (int m = 0; m < R; ++m)  // sum u p = sum q p + 128 sum p: take the second term off
     s[m].v = _mm512_add_epi32(s[m].v, _mm512_sub_epi32(acc[m], _mm512_set1_epi32(128 * psum[m])));
 }
+#elif VS_VEC_AVX2 && defined(__AVXVNNI__)
+// The same on 256 bits: weight rows 0-7 (the first 32 bytes of each group), then 8-15.
+template <int R, int G>
+inline __attribute__((always_inline)) void int8_groups_fixed(const uint8_t* w, const int32_t* xw,
+                                                             const int32_t* psum, I16* s) {
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m256i acc[R];
+#pragma GCC unroll 8
+    for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      __builtin_prefetch(w + g * 64 + 32 * h + kInt8PrefetchBytes);
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32 * h));
+#pragma GCC unroll 8
+      for (int m = 0; m < R; ++m) acc[m] = _mm256_dpbusd_avx_epi32(acc[m], v, _mm256_set1_epi32(xw[g * R + m]));
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < R; ++m) {  // sum u p = sum q p + 128 sum p: take the second term off
+      __m256i& half = h ? s[m].hi : s[m].lo;
+      half = _mm256_add_epi32(half, _mm256_sub_epi32(acc[m], _mm256_set1_epi32(128 * psum[m])));
+    }
+  }
+}
 #endif
 
 // int8 weights stored offset to unsigned, u = q + 128, in groups of 64 bytes (byte 4r + j: row
@@ -63,7 +89,7 @@ inline __attribute__((always_inline)) void int8_groups_fixed(const uint8_t* w, c
 // (common.h's interleaved rows) and psum[m] the sum of those codes.
 template <int R>
 inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* xw, const int32_t* psum, I16* s) {
-#if VS_VEC_AVX512
+#if VS_VEC_AVX512 || (VS_VEC_AVX2 && defined(__AVXVNNI__))
   if (groups == 16)
     int8_groups_fixed<R, 16>(w, xw, psum, s);
   else
@@ -161,6 +187,29 @@ inline void q4k_pair(const uint8_t* q, const int32_t* xw, I16* s0, I16* s1) {
     }
     s0[m].v = a;
     s1[m].v = b;
+  }
+#elif VS_VEC_AVX2 && defined(__AVXVNNI__)
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {  // weight rows 0-7, then 8-15
+    __m256i acc0[R], acc1[R];
+#pragma GCC unroll 8
+    for (int m = 0; m < R; ++m) acc0[m] = acc1[m] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * g + 32 * h));
+      const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+#pragma GCC unroll 8
+      for (int m = 0; m < R; ++m) {
+        acc0[m] = _mm256_dpbusd_avx_epi32(acc0[m], lo, _mm256_set1_epi32(xw[g * R + m]));
+        acc1[m] = _mm256_dpbusd_avx_epi32(acc1[m], hi, _mm256_set1_epi32(xw[(8 + g) * R + m]));
+      }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < R; ++m) {
+      (h ? s0[m].hi : s0[m].lo) = acc0[m];
+      (h ? s1[m].hi : s1[m].lo) = acc1[m];
+    }
   }
 #elif VS_VEC_AVX2
   const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
