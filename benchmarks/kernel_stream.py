@@ -1,0 +1,88 @@
+"""What do the int8 and Q4_K vector kernels cost alone, without Python or torch around them?
+
+Builds ``benchmarks/kernel_stream.cpp`` with a tier's compiler flags (the same as the extension's,
+:mod:`verispec.kernels.dispatch`; default the tier this CPU runs) against the kernel sources, and
+times ``y = x @ W.T`` for M activation rows over enough different [N, K] weight matrices (about
+``--mib`` MiB in all) that the weights stream from memory as in a forward pass. Each round runs
+every (kind, M) once, in turn; reported is the median over ``--rounds`` rounds of each round's
+best of ``--reps`` sweeps: ms per matrix, weight GB/s, and 64-product multiply-add groups per
+second. The default shape is the 1.5B's gate/up projection, [8960 x 1536].
+
+    python benchmarks/kernel_stream.py [--tier avx512] [--kinds int8,q4k] [--shape 8960x1536]
+        [--ms 1,8] [--mib 512] [--reps 5] [--rounds 5] [--threads 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from verispec.kernels import dispatch
+from verispec.kernels.build import SOURCE_DIR, compiler, flags_of
+
+HERE = Path(__file__).resolve().parent
+LINE = re.compile(r": ([0-9.]+) ms, ([0-9.]+) GB/s, ([0-9.]+) G groups/s")
+
+
+def build(tier: dispatch.Tier, out: Path) -> Path:
+    cxx = compiler()
+    if cxx is None:
+        raise SystemExit("no C++ compiler found (install g++)")
+    exe = out / f"kernel_stream_{tier.name}"
+    cmd = [cxx, *flags_of(tier), "-std=c++17", f"-I{SOURCE_DIR}", f"-I{SOURCE_DIR / 'vec'}"]
+    cmd += [str(HERE / "kernel_stream.cpp"), str(SOURCE_DIR / "vec" / "linear.cpp"), "-o", str(exe)]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tier", default="", help="a tier this CPU runs (default: the one it would use)")
+    ap.add_argument("--kinds", default="int8,q4k")
+    ap.add_argument("--shape", default="8960x1536", help="N x K of one weight matrix")
+    ap.add_argument("--ms", default="1,8")
+    ap.add_argument("--mib", type=int, default=512, help="weight bytes streamed per sweep, about")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    tier = dispatch.by_name(args.tier) if args.tier else dispatch.best()
+    if dispatch.missing(tier):
+        raise SystemExit(f"this CPU cannot run the {tier.name} tier (it lacks {', '.join(dispatch.missing(tier))})")
+    n, k = (int(v) for v in args.shape.lower().split("x"))
+    kinds, ms = args.kinds.split(","), [int(v) for v in args.ms.split(",")]
+    runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {(kind, m): [] for kind in kinds for m in ms}
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build(tier, Path(tmp))
+        for _ in range(args.rounds):
+            for (kind, m), found_times in runs.items():
+                per_matrix = n * k * (144 / 256 if kind == "q4k" else 1)
+                copies = max(1, int(args.mib * 2**20 / per_matrix))
+                cmd = [str(exe), kind, str(n), str(k), str(m), str(copies), str(args.reps), str(args.threads)]
+                found = LINE.search(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+                assert found, cmd
+                ms_all, gbps, groups = (float(v) for v in found.groups())
+                found_times.append((ms_all / copies, gbps, groups))
+    print(f"### {tier.name} tier, {args.threads} threads, [{n} x {k}] matrices, about {args.mib} MiB per sweep")
+    print("| kernel | M | ms per matrix, median [min-max] | GB/s | G groups/s |")
+    print("|---|---|---|---|---|")
+    results: dict[str, Any] = {"tier": tier.name, "threads": args.threads, "n": n, "k": k, "cases": []}
+    for (kind, m), values in runs.items():
+        t = [v[0] for v in values]
+        med = statistics.median(t)
+        gbps, groups = (statistics.median(v[i] for v in values) for i in (1, 2))
+        print(f"| {kind} | {m} | {med:.3f} [{min(t):.3f}-{max(t):.3f}] | {gbps:.1f} | {groups:.2f} |")
+        results["cases"].append({"kind": kind, "m": m, "ms_median": med, "ms_all": t, "gbps": gbps})
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
