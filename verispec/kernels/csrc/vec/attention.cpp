@@ -17,10 +17,11 @@
 // All in fp32 from bf16 (or fp32) inputs.
 //
 // Speed, with the same operations per row: the query heads that share a key/value head (grouped-
-// query attention) at the same position see the same keys, so up to kGroupRows of them score each
-// key together: the key is loaded and widened once, and their dot products are independent chains
-// of FMAs instead of one chain waiting on each FMA's latency. Head sizes of 64, 128 and 256 have
-// their loops unrolled at compile time; other head sizes run the same operations in loops.
+// query attention) at the same position see the same keys and values, so up to kGroupRows of them
+// go together: each key and value row is loaded and widened once for all of them, and their dot
+// products are independent chains of FMAs instead of one chain waiting on each FMA's latency.
+// Head sizes of 64, 128 and 256 have their loops unrolled at compile time; other head sizes run
+// the same operations in loops.
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -22,9 +22,10 @@ namespace vec {
 
 // How far ahead of its reads the int8 kernel prefetches its weight stream. With up to 8 activation
 // rows a 64-byte weight line takes ~4 cycles of VPDPBUSD, so a prefetch 2 KB ahead was issued only
-// ~40 ns before its use, less than a memory read takes: an 8-row pass over the 1.5B's [8960 x 1536]
-// int8 matrices ran at 2.5-2.7 ms against 1.9-2.1 ms with 8 KB (2 threads, Zen 5; one row: the
-// same). Prefetches never fault: past a row block they fetch the next one, which comes next anyway.
+// ~40 ns before its use, less than a memory read takes: an 8-row pass over a [8960 x 1536] int8
+// matrix took 0.38-0.42 ms against 0.33-0.34 ms with 8 KB (benchmarks/kernel_stream.py, 2 threads,
+// Zen 5; one row: the same). Prefetches never fault: past a row block they fetch the next one,
+// which comes next anyway.
 constexpr int kInt8PrefetchBytes = 8192;
 
 #if VS_VEC_AVX512
