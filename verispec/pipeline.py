@@ -115,8 +115,9 @@ def machine_defaults(
         return MachineDefaults("bf16", draft_dtype_given or "bf16", None, why)
     tier = dispatch.selected().name
     q4k = has_q4k_weights(target)
-    draft_dtype: DTypeName = "int4-all" if draft is not None and has_q4k_weights(draft) else "int8"
-    draft_dtype = draft_dtype_given or draft_dtype
+    draft_dtype: DTypeName = draft_dtype_given or (
+        "int4-all" if draft is not None and has_q4k_weights(draft) else "int8"
+    )
     mine = " (as given)" if draft_dtype_given else ""
     config = peek_config(draft) if draft is not None else None
     head = DEFAULT_DRAFT_HEAD if config is not None and config.vocab_size > 2 * DEFAULT_DRAFT_HEAD else None

@@ -44,6 +44,7 @@ from verispec.errors import ConfigError
 ISA_ENV = "VERISPEC_ISA"
 
 _VEC = ("vec/pack.cpp", "vec/quantize.cpp", "vec/attention.cpp", "vec/layer_ops.cpp")
+_VECTOR_TIER = ("vec/linear.cpp", *_VEC, "bindings.cpp")  # every tier's sources (amx adds its tiles')
 #: Headers every tier includes (part of each build key).
 HEADERS = ("common.h", "vec/vec.h", "vec/dots.h", "vec/q4k_scales.h", "amx/amx.h")
 
@@ -70,20 +71,20 @@ _AVX512_CPU = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vn
 TIERS: tuple[Tier, ...] = (
     Tier(
         "amx",
-        ("amx/w8a8.cpp", "amx/q4k.cpp", "amx/bf16.cpp", "vec/linear.cpp", *_VEC, "bindings.cpp"),
+        ("amx/w8a8.cpp", "amx/q4k.cpp", "amx/bf16.cpp", *_VECTOR_TIER),
         (*_AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mamx-int8", "-DVS_TIER_AMX=1"),
         (*_AVX512_CPU, "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"),
     ),
-    Tier("avx512", ("vec/linear.cpp", *_VEC, "bindings.cpp"), _AVX512, _AVX512_CPU),
+    Tier("avx512", _VECTOR_TIER, _AVX512, _AVX512_CPU),
     Tier(
         "avx2vnni",
-        ("vec/linear.cpp", *_VEC, "bindings.cpp"),
+        _VECTOR_TIER,
         ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
         ("avx2", "fma", "f16c", "avx_vnni"),
     ),
-    Tier("avx2", ("vec/linear.cpp", *_VEC, "bindings.cpp"), ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),
-    Tier("neon", ("vec/linear.cpp", *_VEC, "bindings.cpp"), NEON_FLAGS, ("asimddp",), machine="aarch64"),
-    Tier("portable", ("vec/linear.cpp", *_VEC, "bindings.cpp"), (), (), machine=None),
+    Tier("avx2", _VECTOR_TIER, ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),
+    Tier("neon", _VECTOR_TIER, NEON_FLAGS, ("asimddp",), machine="aarch64"),
+    Tier("portable", _VECTOR_TIER, (), (), machine=None),
 )
 TIER_NAMES = tuple(t.name for t in TIERS)
 

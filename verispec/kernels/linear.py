@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from verispec.formats.requantize import padded_size
 from verispec.kernels.build import load
 
 ROWS = 16  # weight rows per packed block: packed tensors cover N rounded up to a multiple of 16
@@ -54,7 +55,7 @@ def _row_blocks(n: int) -> int:
 def q4k_packed_numel(out_features: int, in_features: int) -> int:
     """Bytes of the packed form of a ``[out_features, in_features]`` Q4_K matrix (inputs padded to a
     whole number of super-blocks)."""
-    return _row_blocks(out_features) * -(-in_features // Q4K_SUPER) * Q4K_RECORD_BYTES
+    return _row_blocks(out_features) * (padded_size(in_features) // Q4K_SUPER) * Q4K_RECORD_BYTES
 
 
 def _flat(x: Tensor) -> Tensor:  # [..., K] -> [M, K]
@@ -101,7 +102,7 @@ class Q4KLinear(nn.Module):
         if q4k.dtype != torch.uint8 or q4k.numel() != expected:
             raise ValueError(f"packed Q4_K must be {expected} uint8 bytes, got {q4k.numel()} {q4k.dtype}")
         self.out_features, self.in_features = out_features, in_features
-        self.packed_in_features = -(-in_features // Q4K_SUPER) * Q4K_SUPER
+        self.packed_in_features = padded_size(in_features)
         self.register_buffer("q4k", q4k.reshape(-1))
         self.register_buffer("bias", _check_bias(bias, out_features))
 
@@ -124,7 +125,7 @@ class Q4KLinear(nn.Module):
 
         n, k = weight.shape
         blocks = torch.from_numpy(quantize_q4k(weight.detach().to(torch.float32).cpu().numpy()))
-        packed = load().q4k_pack(blocks, n, -(-k // Q4K_SUPER) * Q4K_SUPER)
+        packed = load().q4k_pack(blocks, n, padded_size(k))
         return cls(packed, n, k, bias)
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] bf16/fp32 -> [..., N] same dtype
