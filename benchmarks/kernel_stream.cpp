@@ -1,10 +1,11 @@
-// The int8 and Q4_K projection kernels alone, without Python or torch: y = x @ W.T for M activation
+// The int8, Q4_K and bf16 projection kernels alone, without Python or torch: y = x @ W.T for M activation
 // rows over `copies` different weight matrices [N, K] in turn (so that, past the last-level cache,
 // the weights stream from memory as in a forward pass), split in row blocks over T OpenMP threads
 // as bindings.cpp splits them. Prints the best of `reps` sweeps: ms, weight GB/s, and 64-product
-// multiply-add groups per second (one VPDPBUSD on 512 bits). Built and run by kernel_stream.py.
+// multiply-add groups per second (one VPDPBUSD on 512 bits; for bf16, four FMAs on 512 bits). Built
+// and run by kernel_stream.py.
 //
-//   kernel_stream KIND N K M COPIES REPS THREADS     (KIND: int8 or q4k)
+//   kernel_stream KIND N K M COPIES REPS THREADS     (KIND: int8, q4k or bf16)
 #include <omp.h>
 
 #include <chrono>
@@ -19,16 +20,18 @@ using namespace verispec;
 
 int main(int argc, char** argv) {
   if (argc != 8) {
-    std::fprintf(stderr, "usage: kernel_stream int8|q4k N K M COPIES REPS THREADS\n");
+    std::fprintf(stderr, "usage: kernel_stream int8|q4k|bf16 N K M COPIES REPS THREADS\n");
     return 2;
   }
-  const bool q4 = !std::strcmp(argv[1], "q4k");
+  const bool q4 = !std::strcmp(argv[1], "q4k"), bf16 = !std::strcmp(argv[1], "bf16");
   const int64_t n = std::atol(argv[2]), k = std::atol(argv[3]);
   const int m = std::atoi(argv[4]), copies = std::atoi(argv[5]), reps = std::atoi(argv[6]);
   const int threads = std::atoi(argv[7]);
-  const int64_t bytes = q4 ? n / kRows * (k / kQ4KSuper) * kQ4KRecord : n * k;
+  const int64_t bytes = q4 ? n / kRows * (k / kQ4KSuper) * kQ4KRecord : bf16 ? 2 * n * k : n * k;
   std::vector<uint8_t> w(static_cast<size_t>(bytes) * copies);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  if (bf16)  // finite bf16 weights: exponent bits of every value cleared to 2^-1 .. 2^0
+    for (size_t i = 1; i < w.size(); i += 2) w[i] = static_cast<uint8_t>((w[i] & 0x80) | 0x3F);
   if (q4)  // every record's fp16 d and dmin: 2^-10 (finite scales)
     for (int64_t r = 0; r < copies * n / kRows * (k / kQ4KSuper); ++r)
       for (int j = 0; j < 32; ++j) reinterpret_cast<uint16_t*>(w.data() + r * kQ4KRecord)[j] = 0x1400;
@@ -40,15 +43,21 @@ int main(int argc, char** argv) {
   a.wscale = wscale.data();
   a.xq_rows = xq.data(), a.xscale_rows = xscale.data(), a.xsum_rows = xsum.data(), a.xmin_rows = xmin.data();
   a.y = y.data(), a.M = m, a.N = n, a.K = k, a.out_bf16 = false;
+  std::vector<float> xf(static_cast<size_t>(m) * k, 0.5f);
+  Bf16Args b{};
+  b.xf = xf.data(), b.y = y.data(), b.M = m, b.N = n, b.K = k, b.out_bf16 = false;
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int c = 0; c < copies; ++c) {
       a.w = w.data() + c * bytes;
+      b.w = reinterpret_cast<const uint16_t*>(w.data() + c * bytes);
 #pragma omp parallel for num_threads(threads)
       for (int t = 0; t < threads; ++t) {
         const int64_t blocks = n / kRows, b0 = blocks * t / threads, b1 = blocks * (t + 1) / threads;
-        if (q4)
+        if (bf16)
+          bf16_linear_vec(b, b0, b1);
+        else if (q4)
           q4k_linear_vec(a, b0, b1);
         else
           w8a8_linear_vec(a, b0, b1);

@@ -1,4 +1,4 @@
-"""What do the int8 and Q4_K vector kernels cost alone, without Python or torch around them?
+"""What do the int8, Q4_K and bf16 vector kernels cost alone, without Python or torch around them?
 
 Builds ``benchmarks/kernel_stream.cpp`` with a tier's compiler flags (the same as the extension's,
 :mod:`verispec.kernels.dispatch`; default the tier this CPU runs) against the kernel sources, and
@@ -6,9 +6,9 @@ times ``y = x @ W.T`` for M activation rows over enough different [N, K] weight 
 ``--mib`` MiB in all) that the weights stream from memory as in a forward pass. Each round runs
 every (kind, M) once, in turn; reported is the median over ``--rounds`` rounds of each round's
 best of ``--reps`` sweeps: ms per matrix, weight GB/s, and 64-product multiply-add groups per
-second. The default shape is the 1.5B's gate/up projection, [8960 x 1536].
+second (bf16: four 16-lane FMAs count as one group). The default shape is the 1.5B's gate/up projection, [8960 x 1536].
 
-    python benchmarks/kernel_stream.py [--tier avx512] [--kinds int8,q4k] [--shape 8960x1536]
+    python benchmarks/kernel_stream.py [--tier avx512] [--kinds int8,q4k,bf16] [--shape 8960x1536]
         [--ms 1,8] [--mib 512] [--reps 5] [--rounds 5] [--threads 2] [--json out.json]
 """
 
@@ -63,7 +63,7 @@ def main() -> None:
         exe = build(tier, Path(tmp))
         for _ in range(args.rounds):
             for (kind, m), found_times in runs.items():
-                per_matrix = n * k * (144 / 256 if kind == "q4k" else 1)
+                per_matrix = n * k * {"q4k": 144 / 256, "bf16": 2}.get(kind, 1)
                 copies = max(1, int(args.mib * 2**20 / per_matrix))
                 cmd = [str(exe), kind, str(n), str(k), str(m), str(copies), str(args.reps), str(args.threads)]
                 found = LINE.search(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)

@@ -129,6 +129,13 @@ void by_chunks(const W8A8Args& a, int64_t begin, int64_t end, const Table& fns) 
 
 // ------------------------------------------------------------------------------------ bf16
 
+// How far ahead of its reads each weight stream of the bf16 kernel prefetches. 1 KB ahead was
+// less than a memory read early once several activation rows share each line: an 8-row pass over a
+// [8960 x 1536] bf16 matrix took 1.03 ms with 1 KB and 0.64-0.66 ms with 4 KB (2 KB 0.69, 6 KB
+// 0.68-0.73, 8 KB 0.73; one row 0.59-0.76 with 1 KB, 0.59-0.60 with 4 KB; avx2 tier, 4 and 8
+// rows: 0.99 / 1.56 -> 0.70 / 1.30 ms; benchmarks/kernel_stream.py --kinds bf16, 2 threads, Zen 5).
+constexpr int kBf16PrefetchBytes = 4096;
+
 // G weight blocks from nb times the R activation rows from row0.
 template <int G, int R>
 void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0) {
@@ -144,7 +151,7 @@ void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0) {
     F16 even[G], odd[G];
     for (int j = 0; j < G; ++j) {
       const uint16_t* p = w + j * block + g * 32;  // one 64-byte line per group
-      __builtin_prefetch(p + 16 * 32);
+      __builtin_prefetch(p + kBf16PrefetchBytes / 2);
       load_bf16_pairs(p, even[j], odd[j]);
     }
     for (int m = 0; m < R; ++m) {
