@@ -66,34 +66,22 @@ struct Quantized {
   W8A8Args a{};
 };
 
-// bindings.cpp's quantized_args, without torch: x quantised, Q4_K's mins, the interleaved rows.
+// bindings.cpp's quantized_args, without torch: x quantised, Q4_K's mins, the interleaved rows,
+// the activation blocks in two calls (as two threads split them).
 void quantize(const std::vector<float>& x, int64_t m, int64_t k, bool q4k, Quantized& z) {
-  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32, words = k / 4;
+  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
   z.xq.resize(m * k);
   z.scale.resize(m * nblk);
   z.sum.resize(m * halves);
   z.xmin.resize(m * halves);
-  w8a8_quantize(x.data(), false, k, z.xq.data(), z.scale.data(), z.sum.data(), 0, m);
-  if (q4k) q4k_activation_mins(z.scale.data(), z.sum.data(), k, z.xmin.data(), 0, m);
-  z.rows.resize(m * (words + nblk + 2 * halves));
-  uint32_t* out = z.rows.data();
-  auto place = [&](const void* src, int64_t per_row) {
-    interleave_rows(static_cast<const uint32_t*>(src), m, per_row, vector_chunk_rows(), out);
-    const uint32_t* at = out;
-    out += m * per_row;
-    return at;
-  };
-  W8A8Args& a = z.a;
-  a.xq = z.xq.data();
-  a.xscale = z.scale.data();
-  a.xsum = z.sum.data();
-  a.xmin = q4k ? z.xmin.data() : nullptr;
-  a.xq_rows = reinterpret_cast<const int32_t*>(place(z.xq.data(), words));
-  a.xscale_rows = reinterpret_cast<const float*>(place(z.scale.data(), nblk));
-  a.xsum_rows = reinterpret_cast<const int32_t*>(place(z.sum.data(), halves));
-  a.xmin_rows = q4k ? reinterpret_cast<const float*>(place(z.xmin.data(), halves)) : nullptr;
-  a.M = m;
-  a.K = k;
+  z.rows.resize(m * activation_row_words(k, q4k));
+  const ActivationBuffers out{z.xq.data(), z.scale.data(), z.sum.data(), q4k ? z.xmin.data() : nullptr,
+                              m > 1 ? z.rows.data() : nullptr};
+  quantize_activations(x.data(), false, m, k, out, 0, nblk / 2);
+  quantize_activations(x.data(), false, m, k, out, nblk / 2, nblk);
+  point_at_activations(out, m, k, z.a);
+  z.a.M = m;
+  z.a.K = k;
 }
 
 // GGUF Q4_K blocks of n rows x k inputs: random codes and scale bytes, d and dmin small fp16.
@@ -204,7 +192,7 @@ void quantize_edges() {
   std::vector<int8_t> xq(4 * k);
   std::vector<float> scale(4 * 2);
   std::vector<int32_t> sum(4 * 3);
-  w8a8_quantize(x.data(), false, k, xq.data(), scale.data(), sum.data(), 0, 4);
+  w8a8_quantize(x.data(), false, k, xq.data(), scale.data(), sum.data(), 0, 4, 0, 2);
   report("quantize edges codes", xq);
   report("quantize edges scales", scale);
   report("quantize edges sums", sum);
@@ -231,7 +219,7 @@ void layer_ops() {
   gate_up[2] = bf16_of(100.0f);
   gate_up[3] = bf16_of(-88.0f);
   gate_up[2 * f + 4] = bf16_of(std::numeric_limits<float>::infinity());
-  silu_mul_rows(gate_up.data(), gate_up.data() + f, 2 * f, out.data(), f, 0, 6);
+  silu_mul_rows(gate_up.data(), gate_up.data() + f, 2 * f, out.data(), f, 0, 6, 0, f);
   report("silu_mul", out);
   const int64_t m = 7, heads = 3, d = 64;
   std::vector<uint16_t> x(m * heads * d), cs(m * d), sn(m * d), r(m * heads * d);

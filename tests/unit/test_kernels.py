@@ -410,6 +410,46 @@ def test_silu_mul() -> None:
     assert (diff <= 2**-7 * expect.float().abs() + 1e-30).all() and (diff == 0).float().mean() > 0.95
 
 
+def test_layer_ops_split_over_threads_equal_one_thread() -> None:
+    """The activation quantisation (by blocks), SwiGLU (by columns), RMSNorm and RoPE (by rows) split
+    their work over threads once it is large enough: the same bits as on one thread, and the
+    quantisation still equal to its reference."""
+    from verispec.kernels import Int8Linear, Q4KLinear, load
+
+    kernels = load()
+    gen = torch.Generator().manual_seed(4)
+    lin8 = Int8Linear.from_weight(torch.randn(48, 8960, generator=gen))
+    lin4 = Q4KLinear.from_blocks(q4k_blocks(48, 8960, seed=4), 48, 8960, None)
+    xs = [torch.randn(m, 8960, generator=gen).to(torch.bfloat16) for m in (1, 3, 8)]
+    gate_up = [(4 * torch.randn(m, 2 * 9000, generator=gen)).to(torch.bfloat16) for m in (1, 8)]  # a last piece of 40
+    h, delta = (torch.randn(8, 1536, generator=gen).to(torch.bfloat16) for _ in range(2))
+    w = torch.randn(1536, generator=gen).to(torch.bfloat16)
+    x_rope, cos, sin = (torch.randn(8, n, generator=gen).to(torch.bfloat16) for n in (1536, 128, 128))
+
+    def run() -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for x in xs:
+            out += [*kernels.w8a8_quantize(x), lin8(x), lin4(x)]
+        out += [kernels.silu_mul(gu[:, :9000], gu[:, 9000:]) for gu in gate_up]
+        h_copy = h.clone()
+        out += [kernels.rms_norm(h_copy, delta, w, 1e-6), h_copy, kernels.rotary(x_rope, cos, sin, 12, 128)]
+        return out
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = run()
+        torch.set_num_threads(4)
+        split = run()
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(alone, split, strict=True))
+    for x in xs:
+        q, scale = kernels.w8a8_quantize(x)[:2]
+        ref, ref_scale = w8a8_quantize_reference(x.float())
+        assert torch.equal(q, ref.to(torch.int8)) and torch.equal(scale, ref_scale)
+
+
 def test_fused_projections_equal_the_parts() -> None:
     from verispec.kernels import Bf16Linear, Int8Linear, Q4KLinear
     from verispec.kernels.linear import fuse_linears

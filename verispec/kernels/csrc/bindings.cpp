@@ -56,67 +56,66 @@ const float* bias_pointer(const c10::optional<at::Tensor>& bias, int64_t n) {
   return bias->data_ptr<float>();
 }
 
-// x [M, K] (fp32 or bf16) -> (int8 [M, K], scales fp32 [M, ceil(K / 64)], sums int32 [M, K / 32]):
-// the activation quantisation the W8A8 kernels apply (exposed for tests and references).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> w8a8_quantize_rows(const at::Tensor& x) {
+// Values below which a layer op runs on one thread: waking the others (a few microseconds) would
+// cost more than they save. The grain of an at::parallel_for over items of `per_item` values.
+constexpr int64_t kSerialValues = 8192;
+int64_t grain_for(int64_t per_item) { return std::max<int64_t>(1, kSerialValues / std::max<int64_t>(per_item, 1)); }
+
+void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1, "x must be [M, K], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be fp32 or bf16");
   TORCH_CHECK(x.device().is_cpu(), "x must be on the CPU");
-  const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(k % 32 == 0, "x rows must have a multiple of 32 inputs, got ", k);
-  const at::Tensor xc = x.contiguous();
-  at::Tensor xq = at::empty({m, k}, x.options().dtype(at::kChar));
-  const int64_t blocks = (k + kW8A8Block - 1) / kW8A8Block;
-  at::Tensor scale = at::empty({m, blocks}, x.options().dtype(at::kFloat));
-  at::Tensor sum = at::empty({m, k / 32}, x.options().dtype(at::kInt));
-  w8a8_quantize(xc.data_ptr(), x.scalar_type() == at::kBFloat16, k, xq.data_ptr<int8_t>(), scale.data_ptr<float>(),
-                sum.data_ptr<int32_t>(), 0, m);
-  return {xq, scale, sum};
+  TORCH_CHECK(x.size(1) % 32 == 0, "x rows must have a multiple of 32 inputs, got ", x.size(1));
 }
 
 // x quantised for the int8 / Q4_K kernels: the tensors W8A8Args points into, kept for the call.
 struct Quantized {
-  at::Tensor xq, scale, sum, xmin, rows;  // rows: the vector kernels' interleaved copies, one buffer
+  at::Tensor x, xq, scale, sum, xmin, rows;  // rows: the vector kernels' interleaved copies, one buffer
+  ActivationBuffers buffers{};
 };
+
+// x [M, K] quantised into `keep` (Q4_K's mins when q4k; the interleaved copies when `interleave`
+// and M > 1), activation blocks split over threads when there are enough values.
+void quantize_into(const at::Tensor& x, bool q4k, bool interleave, Quantized& keep) {
+  check_activations(x);
+  keep.x = x.contiguous();
+  const int64_t m = x.size(0), k = x.size(1), nblk = (k + kW8A8Block - 1) / kW8A8Block;
+  const auto opts = x.options();
+  keep.xq = at::empty({m, k}, opts.dtype(at::kChar));
+  keep.scale = at::empty({m, nblk}, opts.dtype(at::kFloat));
+  keep.sum = at::empty({m, k / 32}, opts.dtype(at::kInt));
+  if (q4k) keep.xmin = at::empty({m, k / 32}, opts.dtype(at::kFloat));
+  if (interleave && m > 1) keep.rows = at::empty({m * activation_row_words(k, q4k)}, opts.dtype(at::kInt));
+  ActivationBuffers& out = keep.buffers;
+  out.xq = keep.xq.data_ptr<int8_t>();
+  out.scale = keep.scale.data_ptr<float>();
+  out.sum = keep.sum.data_ptr<int32_t>();
+  out.xmin = q4k ? keep.xmin.data_ptr<float>() : nullptr;
+  out.rows = keep.rows.defined() ? reinterpret_cast<uint32_t*>(keep.rows.data_ptr<int32_t>()) : nullptr;
+  const void* xp = keep.x.data_ptr();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, nblk, grain_for(m * kW8A8Block),
+                   [&](int64_t b0, int64_t b1) { quantize_activations(xp, bf16, m, k, out, b0, b1); });
+}
+
+// x [M, K] (fp32 or bf16) -> (int8 [M, K], scales fp32 [M, ceil(K / 64)], sums int32 [M, K / 32]):
+// the activation quantisation the W8A8 kernels apply (exposed for tests and references).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> w8a8_quantize_rows(const at::Tensor& x) {
+  Quantized keep;
+  quantize_into(x, false, false, keep);
+  return {keep.xq, keep.scale, keep.sum};
+}
 
 // The W8A8Args of x and y (the weights' fields are the caller's): x quantised, Q4_K's mins when
 // q4k, and when the vector kernels run, the interleaved copies they read (common.h).
 W8A8Args quantized_args(const at::Tensor& x, at::Tensor& y, int64_t n, int64_t k, const c10::optional<at::Tensor>& bias,
                         bool q4k, bool vectors, Quantized& keep) {
-  std::tie(keep.xq, keep.scale, keep.sum) = w8a8_quantize_rows(x);
-  const int64_t m = x.size(0), words = k / 4, nblk = keep.scale.size(1), halves = k / 32;
+  quantize_into(x, q4k, vectors, keep);
   W8A8Args a{};
-  a.xq = keep.xq.data_ptr<int8_t>();
-  a.xscale = keep.scale.data_ptr<float>();
-  a.xsum = keep.sum.data_ptr<int32_t>();
-  if (q4k) {
-    keep.xmin = at::empty({m, halves}, x.options().dtype(at::kFloat));
-    q4k_activation_mins(a.xscale, a.xsum, k, keep.xmin.data_ptr<float>(), 0, m);
-    a.xmin = keep.xmin.data_ptr<float>();
-  }
-  if (vectors && m == 1) {  // one row: the interleaved order is the row itself
-    a.xq_rows = reinterpret_cast<const int32_t*>(a.xq);
-    a.xscale_rows = a.xscale;
-    a.xsum_rows = a.xsum;
-    a.xmin_rows = a.xmin;
-  } else if (vectors) {
-    const int chunk = vector_chunk_rows();
-    keep.rows = at::empty({m * (words + nblk + halves + (q4k ? halves : 0))}, x.options().dtype(at::kInt));
-    auto* out = reinterpret_cast<uint32_t*>(keep.rows.data_ptr<int32_t>());
-    auto place = [&](const void* src, int64_t per_row) {
-      interleave_rows(static_cast<const uint32_t*>(src), m, per_row, chunk, out);
-      const uint32_t* at = out;
-      out += m * per_row;
-      return at;
-    };
-    a.xq_rows = reinterpret_cast<const int32_t*>(place(a.xq, words));
-    a.xscale_rows = reinterpret_cast<const float*>(place(a.xscale, nblk));
-    a.xsum_rows = reinterpret_cast<const int32_t*>(place(a.xsum, halves));
-    if (q4k) a.xmin_rows = reinterpret_cast<const float*>(place(a.xmin, halves));
-  }
+  point_at_activations(keep.buffers, x.size(0), k, a);
   a.bias = bias_pointer(bias, n);
   a.y = y.data_ptr();
-  a.M = m;
+  a.M = x.size(0);
   a.N = n;
   a.K = k;
   a.out_bf16 = y.scalar_type() == at::kBFloat16;
@@ -323,7 +322,7 @@ at::Tensor rms_norm(at::Tensor& h, const c10::optional<at::Tensor>& delta, const
   const uint16_t* wp = bf16_pointer(weight);
   uint16_t* yp = bf16_pointer_mut(y);
   const float e = static_cast<float>(eps);
-  at::parallel_for(0, m, 8, [&](int64_t b, int64_t en) { rms_norm_rows(hp, dp, wp, yp, c, e, b, en); });
+  at::parallel_for(0, m, grain_for(c), [&](int64_t b, int64_t en) { rms_norm_rows(hp, dp, wp, yp, c, e, b, en); });
   return y;
 }
 
@@ -344,11 +343,13 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   const uint16_t* sp = bf16_pointer(sc);
   uint16_t* yp = bf16_pointer_mut(y);
   const int64_t stride = x.stride(0);
-  at::parallel_for(0, m, 8, [&](int64_t b, int64_t e) { rotary_rows(xp, stride, cp, sp, yp, heads, d, b, e); });
+  at::parallel_for(0, m, grain_for(heads * d),
+                   [&](int64_t b, int64_t e) { rotary_rows(xp, stride, cp, sp, yp, heads, d, b, e); });
   return y;
 }
 
 // gate, up [M, F] with the same row stride and unit column stride -> silu(gate) * up [M, F].
+constexpr int64_t kSiluColumns = 256;
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   check_bf16_cpu(gate, "gate");
   check_bf16_cpu(up, "up");
@@ -361,7 +362,11 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   const uint16_t* upp = bf16_pointer(up);
   uint16_t* yp = bf16_pointer_mut(y);
   const int64_t stride = gate.stride(0);
-  at::parallel_for(0, m, 4, [&](int64_t b, int64_t e) { silu_mul_rows(gp, upp, stride, yp, f, b, e); });
+  // split by columns, kSiluColumns at a time, so that one row (a decoding step) has threads too
+  const int64_t pieces = (f + kSiluColumns - 1) / kSiluColumns;
+  at::parallel_for(0, pieces, grain_for(m * kSiluColumns), [&](int64_t b, int64_t e) {
+    silu_mul_rows(gp, upp, stride, yp, f, 0, m, b * kSiluColumns, std::min(e * kSiluColumns, f));
+  });
   return y;
 }
 

@@ -67,13 +67,38 @@ struct W8A8Args {
   bool out_bf16;
 };
 constexpr int kW8A8Block = 64;  // inputs per activation block (one scale each)
+// Activation blocks [b0, b1) (of ceil(k / 64)) of rows [begin, end) of x [M, k] (fp32 or bf16),
+// quantised into xq [M, k], scale [M, ceil(k / 64)] and sum [M, k / 32] (vec/quantize.cpp).
 void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale, int32_t* sum, int64_t begin,
-                   int64_t end);
-// Q4_K's mins: xmin[m][h] = float(sum[m][h]) * scale[m][h / 2] (one fp32 rounding), h < k / 32.
-void q4k_activation_mins(const float* scale, const int32_t* sum, int64_t k, float* xmin, int64_t begin, int64_t end);
-// src [m, per_row] of 4-byte elements -> dst in W8A8Args' chunk-interleaved order.
-void interleave_rows(const uint32_t* src, int64_t m, int64_t per_row, int chunk, uint32_t* dst);
+                   int64_t end, int64_t b0, int64_t b1);
+// Q4_K's mins: xmin[m][h] = float(sum[m][h]) * scale[m][h / 2] (one fp32 rounding), rows
+// [begin, end), h in [h0, h1) (h < k / 32).
+void q4k_activation_mins(const float* scale, const int32_t* sum, int64_t k, float* xmin, int64_t begin, int64_t end,
+                         int64_t h0, int64_t h1);
+// Elements [e0, e1) of every row of src [m, per_row] (4-byte elements) -> dst in W8A8Args'
+// chunk-interleaved order.
+void interleave_rows(const uint32_t* src, int64_t m, int64_t per_row, int chunk, uint32_t* dst, int64_t e0,
+                     int64_t e1);
 int vector_chunk_rows();  // activation rows the vector kernels take per pass over a weight block
+
+// Where one call's quantised activations go: the [M, ...] arrays of W8A8Args (xmin only for
+// Q4_K, else null) and, when the vector kernels read interleaved rows (M > 1), one buffer `rows`
+// of M * activation_row_words(k, q4k) elements holding their interleaved copies in turn (xq's
+// words, the scales, the sums, the mins). quantize_activations fills activation blocks [b0, b1)
+// of every row; disjoint block ranges touch disjoint elements, so threads may share a call.
+struct ActivationBuffers {
+  int8_t* xq;
+  float* scale;
+  int32_t* sum;
+  float* xmin;
+  uint32_t* rows;
+};
+int64_t activation_row_words(int64_t k, bool q4k);
+void quantize_activations(const void* x, bool bf16, int64_t m, int64_t k, const ActivationBuffers& out, int64_t b0,
+                          int64_t b1);
+// W8A8Args' activation fields (xq .. xmin_rows) for buffers quantize_activations has filled (the
+// *_rows ones null when M > 1 without interleaved copies: for the AMX tiles only).
+void point_at_activations(const ActivationBuffers& in, int64_t m, int64_t k, W8A8Args& a);
 
 // Which instructions a kernel uses: by the number of rows (auto), or forced (for the tests).
 // Only the amx tier has a second engine; elsewhere 0 and 1 both name the vector kernels.
@@ -118,9 +143,10 @@ void rms_norm_rows(uint16_t* h, const uint16_t* delta, const uint16_t* w, uint16
 // x [M, heads * d] (row stride x_stride), cos / sin [M, d] -> y [M, heads, d] (rotate-half RoPE)
 void rotary_rows(const uint16_t* x, int64_t x_stride, const uint16_t* cos, const uint16_t* sin, uint16_t* y,
                  int64_t heads, int64_t d, int64_t begin, int64_t end);
-// gate, up [M, f] (row stride `stride`) -> y [M, f] = silu(gate) * up
+// gate, up [M, f] (row stride `stride`) -> y [M, f] = silu(gate) * up, rows [begin, end), columns
+// [c0, c1) (c0 a multiple of 16)
 void silu_mul_rows(const uint16_t* gate, const uint16_t* up, int64_t stride, uint16_t* y, int64_t f, int64_t begin,
-                   int64_t end);
+                   int64_t end, int64_t c0, int64_t c1);
 
 // ---- bf16 weights (amx/bf16.cpp: TDPBF16PS order; vec/linear.cpp: one fp32 FMA chain per output)
 struct Bf16Args {

@@ -62,11 +62,11 @@ void rotary_rows(const uint16_t* x, int64_t x_stride, const uint16_t* cos, const
 }
 
 void silu_mul_rows(const uint16_t* gate, const uint16_t* up, int64_t stride, uint16_t* y, int64_t f, int64_t begin,
-                   int64_t end) {
+                   int64_t end, int64_t c0, int64_t c1) {
   const F16 one = set1(1.0f);
   for (int64_t m = begin; m < end; ++m) {
-    for (int64_t i = 0; i < f; i += 16) {
-      const int n = static_cast<int>(std::min<int64_t>(f - i, 16));
+    for (int64_t i = c0; i < c1; i += 16) {
+      const int n = static_cast<int>(std::min<int64_t>(c1 - i, 16));
       const F16 g = load_bf16_n(gate + m * stride + i, n);
       const F16 s = round_bf16(div(g, add(one, vec::exp(sub(zero(), g)))));
       store_bf16_n(y + m * f + i, mul(s, load_bf16_n(up + m * stride + i, n)), n);

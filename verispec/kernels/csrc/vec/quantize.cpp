@@ -11,7 +11,7 @@
 namespace verispec {
 
 void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale, int32_t* sum, int64_t begin,
-                   int64_t end) {
+                   int64_t end, int64_t b0, int64_t b1) {
   using namespace vec;
   auto load16 = [&](int64_t m, int64_t i) -> F16 {
     if (bf16) return load_bf16(static_cast<const uint16_t*>(x) + m * k + i);
@@ -20,7 +20,7 @@ void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale
   const I16 lo = iset1(-127), hi = iset1(127);
   const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block;
   for (int64_t m = begin; m < end; ++m)
-    for (int64_t b = 0; b < nblk; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       const int64_t i0 = b * kW8A8Block, i1 = std::min<int64_t>(i0 + kW8A8Block, k);
       F16 amax = zero();
       for (int64_t i = i0; i < i1; i += 16) amax = max(amax, vec::abs(load16(m, i)));
@@ -39,21 +39,71 @@ void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale
     }
 }
 
-void q4k_activation_mins(const float* scale, const int32_t* sum, int64_t k, float* xmin, int64_t begin, int64_t end) {
+void q4k_activation_mins(const float* scale, const int32_t* sum, int64_t k, float* xmin, int64_t begin, int64_t end,
+                         int64_t h0, int64_t h1) {
   const int64_t halves = k / 32, nblk = (k + kW8A8Block - 1) / kW8A8Block;
   for (int64_t m = begin; m < end; ++m)
-    for (int64_t h = 0; h < halves; ++h) xmin[m * halves + h] = static_cast<float>(sum[m * halves + h]) * scale[m * nblk + h / 2];
+    for (int64_t h = h0; h < h1; ++h) xmin[m * halves + h] = static_cast<float>(sum[m * halves + h]) * scale[m * nblk + h / 2];
 }
 
-void interleave_rows(const uint32_t* src, int64_t m, int64_t per_row, int chunk, uint32_t* dst) {
+void interleave_rows(const uint32_t* src, int64_t m, int64_t per_row, int chunk, uint32_t* dst, int64_t e0,
+                     int64_t e1) {
   for (int64_t r0 = 0; r0 < m; r0 += chunk) {
     const int64_t rows = std::min<int64_t>(chunk, m - r0);
+    const uint32_t* in = src + r0 * per_row;
     uint32_t* out = dst + r0 * per_row;
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint32_t* in = src + (r0 + r) * per_row;
-      for (int64_t e = 0; e < per_row; ++e) out[e * rows + r] = in[e];
-    }
+    for (int64_t e = e0; e < e1; ++e)
+      for (int64_t r = 0; r < rows; ++r) out[e * rows + r] = in[r * per_row + e];
   }
+}
+
+int64_t activation_row_words(int64_t k, bool q4k) {
+  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
+  return k / 4 + nblk + halves + (q4k ? halves : 0);
+}
+
+void quantize_activations(const void* x, bool bf16, int64_t m, int64_t k, const ActivationBuffers& out, int64_t b0,
+                          int64_t b1) {
+  const int64_t words = k / 4, nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
+  // block b holds words [16 b, 16 b + 16) and halves [2 b, 2 b + 2), the last block maybe half
+  const int64_t w0 = 16 * b0, w1 = std::min<int64_t>(16 * b1, words);
+  const int64_t h0 = 2 * b0, h1 = std::min<int64_t>(2 * b1, halves);
+  w8a8_quantize(x, bf16, k, out.xq, out.scale, out.sum, 0, m, b0, b1);
+  if (out.xmin) q4k_activation_mins(out.scale, out.sum, k, out.xmin, 0, m, h0, h1);
+  if (!out.rows) return;
+  const int chunk = vector_chunk_rows();
+  uint32_t* at = out.rows;
+  interleave_rows(reinterpret_cast<const uint32_t*>(out.xq), m, words, chunk, at, w0, w1);
+  at += m * words;
+  interleave_rows(reinterpret_cast<const uint32_t*>(out.scale), m, nblk, chunk, at, b0, b1);
+  at += m * nblk;
+  interleave_rows(reinterpret_cast<const uint32_t*>(out.sum), m, halves, chunk, at, h0, h1);
+  at += m * halves;
+  if (out.xmin) interleave_rows(reinterpret_cast<const uint32_t*>(out.xmin), m, halves, chunk, at, h0, h1);
+}
+
+void point_at_activations(const ActivationBuffers& in, int64_t m, int64_t k, W8A8Args& a) {
+  const int64_t words = k / 4, nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
+  a.xq = in.xq;
+  a.xscale = in.scale;
+  a.xsum = in.sum;
+  a.xmin = in.xmin;
+  if (!in.rows) {  // one row: the interleaved order is the row itself (else only AMX tiles read them)
+    if (m > 1) return;
+    a.xq_rows = reinterpret_cast<const int32_t*>(in.xq);
+    a.xscale_rows = in.scale;
+    a.xsum_rows = in.sum;
+    a.xmin_rows = in.xmin;
+    return;
+  }
+  const uint32_t* at = in.rows;
+  a.xq_rows = reinterpret_cast<const int32_t*>(at);
+  at += m * words;
+  a.xscale_rows = reinterpret_cast<const float*>(at);
+  at += m * nblk;
+  a.xsum_rows = reinterpret_cast<const int32_t*>(at);
+  at += m * halves;
+  a.xmin_rows = in.xmin ? reinterpret_cast<const float*>(at) : nullptr;
 }
 
 }  // namespace verispec
