@@ -137,6 +137,8 @@ def inverse_cdf(law: Tensor, u: Tensor) -> Tensor:
 def pick(law: Tensor, u: Tensor, greedy: Tensor | None) -> Tensor:
     """``[N]`` int64: :func:`inverse_cdf` per row, or the mode (lowest id on ties) where ``greedy``
     (``[N]`` bool, or None when no row is greedy)."""
+    if greedy is not None and greedy.device.type == "cpu" and bool(greedy.all()):
+        return law.argmax(dim=1)  # every row greedy (known without a device sync): no cumulative sums
     token = inverse_cdf(law, u)
     if greedy is not None:
         token = torch.where(greedy, law.argmax(dim=1), token)
@@ -439,10 +441,12 @@ def build_laws(logits: Tensor, params: Sequence[SamplingParams], history: TokenH
         bad = (~finite).nonzero()[:, 0].tolist()  # rare path
         failed = {row: _why_no_law(logits, row_max, params, row) for row in bad}
         x = torch.where(finite.unsqueeze(1), x, 0.0)  # rows without a law: zeroed below
-    probs = torch.softmax(x, dim=1)
-    if any_greedy:
-        mode = torch.nn.functional.one_hot(x.argmax(dim=1), x.shape[1]).to(torch.float32)
-        probs = torch.where(rows.column(lambda p: p.greedy, torch.bool), mode, probs)
+    if not any_greedy:
+        probs = torch.softmax(x, dim=1)
+    else:  # the mode: 1 at the largest logit (the lowest id on ties), 0 elsewhere
+        probs = torch.zeros_like(x).scatter_(1, x.argmax(dim=1, keepdim=True), 1.0)
+        if rows.any(lambda p: not p.greedy):  # (when every row is greedy, no softmax to take)
+            probs = torch.where(rows.column(lambda p: p.greedy, torch.bool), probs, torch.softmax(x, dim=1))
     if failed:
         probs = probs * finite.unsqueeze(1)
     return Laws(probs, failed)

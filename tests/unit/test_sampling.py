@@ -24,6 +24,7 @@ from verispec.sampling import (
     generator_blocks,
     inverse_cdf,
     make_generator,
+    pick,
     sample,
     to_probs,
     uniform_draws,
@@ -98,6 +99,25 @@ def test_temperature_zero_is_one_hot_on_argmax():
 
 def test_temperature_zero_ties_go_to_lowest_id():
     assert_law(probs_of([1.0, 3.0, 0.0, 3.0, 3.0], SamplingParams(temperature=0)), np.array([0, 1, 0, 0, 0.0]))
+
+
+def test_greedy_rows_beside_sampled_rows_equal_each_row_alone() -> None:
+    """A batch of only greedy rows takes no softmax and picks without cumulative sums; mixed with
+    sampled rows, every row still gets the law and the token it gets alone."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=gen)
+    logits[0, [7, 30]] = 9.0  # a tie: the lowest id
+    greedy, hot = SamplingParams(temperature=0), SamplingParams(temperature=0.7, top_k=20)
+    for params in ([greedy] * 4, [greedy, hot, greedy, hot], [hot] * 4):
+        laws = build_laws(logits, params).probs
+        alone = torch.cat([build_laws(logits[i : i + 1], [p]).probs for i, p in enumerate(params)])
+        assert torch.equal(laws, alone)
+        mask = torch.tensor([p.greedy for p in params])
+        u = torch.rand(4, generator=gen, dtype=torch.float64)
+        tokens = pick(laws, u, mask)
+        assert all(int(tokens[i]) == int(pick(laws[i : i + 1], u[i : i + 1], mask[i : i + 1])) for i in range(4))
+        if params[0].greedy:
+            assert int(tokens[0]) == 7
 
 
 def test_greedy_ignores_top_k_top_p_min_p():
