@@ -77,8 +77,8 @@ void quantize(const std::vector<float>& x, int64_t m, int64_t k, bool q4k, Quant
   z.rows.resize(m * activation_row_words(k, q4k));
   const ActivationBuffers out{z.xq.data(), z.scale.data(), z.sum.data(), q4k ? z.xmin.data() : nullptr,
                               m > 1 ? z.rows.data() : nullptr};
-  quantize_activations(x.data(), false, m, k, out, 0, nblk / 2);
-  quantize_activations(x.data(), false, m, k, out, nblk / 2, nblk);
+  quantize_activations(x.data(), false, m, k, k, out, 0, nblk / 2);
+  quantize_activations(x.data(), false, m, k, k, out, nblk / 2, nblk);
   point_at_activations(out, m, k, z.a);
   z.a.M = m;
   z.a.K = k;
@@ -192,7 +192,7 @@ void quantize_edges() {
   std::vector<int8_t> xq(4 * k);
   std::vector<float> scale(4 * 2);
   std::vector<int32_t> sum(4 * 3);
-  w8a8_quantize(x.data(), false, k, xq.data(), scale.data(), sum.data(), 0, 4, 0, 2);
+  w8a8_quantize(x.data(), false, k, k, xq.data(), scale.data(), sum.data(), 0, 4, 0, 2);
   report("quantize edges codes", xq);
   report("quantize edges scales", scale);
   report("quantize edges sums", sum);

@@ -411,15 +411,16 @@ def test_silu_mul() -> None:
 
 
 def test_layer_ops_split_over_threads_equal_one_thread() -> None:
-    """The activation quantisation (by blocks), SwiGLU (by columns), RMSNorm and RoPE (by rows) split
-    their work over threads once it is large enough: the same bits as on one thread, and the
-    quantisation still equal to its reference."""
+    """The activation quantisation (by blocks, with a Q4_K input padded to whole super-blocks too),
+    SwiGLU (by columns), RMSNorm and RoPE (by rows) split their work over threads once it is large
+    enough: the same bits as on one thread, and the quantisation still equal to its reference."""
     from verispec.kernels import Int8Linear, Q4KLinear, load
 
     kernels = load()
     gen = torch.Generator().manual_seed(4)
     lin8 = Int8Linear.from_weight(torch.randn(48, 8960, generator=gen))
     lin4 = Q4KLinear.from_blocks(q4k_blocks(48, 8960, seed=4), 48, 8960, None)
+    padded = Q4KLinear.from_weight(torch.randn(32, 8928, generator=gen) * 0.1)  # inputs padded to 8960
     xs = [torch.randn(m, 8960, generator=gen).to(torch.bfloat16) for m in (1, 3, 8)]
     gate_up = [(4 * torch.randn(m, 2 * 9000, generator=gen)).to(torch.bfloat16) for m in (1, 8)]  # a last piece of 40
     h, delta = (torch.randn(8, 1536, generator=gen).to(torch.bfloat16) for _ in range(2))
@@ -429,7 +430,7 @@ def test_layer_ops_split_over_threads_equal_one_thread() -> None:
     def run() -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
         for x in xs:
-            out += [*kernels.w8a8_quantize(x), lin8(x), lin4(x)]
+            out += [*kernels.w8a8_quantize(x), lin8(x), lin4(x), padded(x[:, :8928])]
         out += [kernels.silu_mul(gu[:, :9000], gu[:, 9000:]) for gu in gate_up]
         h_copy = h.clone()
         out += [kernels.rms_norm(h_copy, delta, w, 1e-6), h_copy, kernels.rotary(x_rope, cos, sin, 12, 128)]

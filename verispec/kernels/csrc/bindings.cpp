@@ -77,12 +77,14 @@ struct Quantized {
   int64_t offsets[5] = {0, 0, 0, 0, 0};  // bytes: xq, scale, sum, xmin, rows
 };
 
-// x [M, K] quantised into `keep` (Q4_K's mins when q4k; the interleaved copies when `interleave`
-// and M > 1), activation blocks split over threads when there are enough values.
-void quantize_into(const at::Tensor& x, bool q4k, bool interleave, Quantized& keep) {
+// x [M, x_cols] quantised as k inputs (zeros from x_cols on: a Q4_K input padded to whole
+// super-blocks) into `keep` (Q4_K's mins when q4k; the interleaved copies when `interleave` and
+// M > 1), activation blocks split over threads when there are enough values.
+void quantize_into(const at::Tensor& x, int64_t k, bool q4k, bool interleave, Quantized& keep) {
   check_activations(x);
+  TORCH_CHECK(x.size(1) <= k, "x has ", x.size(1), " inputs, more than the ", k, " of the weights");
   keep.x = x.contiguous();
-  const int64_t m = x.size(0), k = x.size(1), nblk = (k + kW8A8Block - 1) / kW8A8Block;
+  const int64_t m = x.size(0), x_cols = x.size(1), nblk = (k + kW8A8Block - 1) / kW8A8Block;
   const int64_t sizes[5] = {m * k, 4 * m * nblk, 4 * m * (k / 32), q4k ? 4 * m * (k / 32) : 0,
                             interleave && m > 1 ? 4 * m * activation_row_words(k, q4k) : 0};
   int64_t total = 0;
@@ -101,14 +103,14 @@ void quantize_into(const at::Tensor& x, bool q4k, bool interleave, Quantized& ke
   const void* xp = keep.x.data_ptr();
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   at::parallel_for(0, nblk, grain_for(m * kW8A8Block),
-                   [&](int64_t b0, int64_t b1) { quantize_activations(xp, bf16, m, k, out, b0, b1); });
+                   [&](int64_t b0, int64_t b1) { quantize_activations(xp, bf16, m, x_cols, k, out, b0, b1); });
 }
 
 // x [M, K] (fp32 or bf16) -> (int8 [M, K], scales fp32 [M, ceil(K / 64)], sums int32 [M, K / 32]):
 // the activation quantisation the W8A8 kernels apply (exposed for tests and references).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> w8a8_quantize_rows(const at::Tensor& x) {
   Quantized keep;
-  quantize_into(x, false, false, keep);
+  quantize_into(x, x.size(1), false, false, keep);
   const int64_t m = x.size(0), k = x.size(1), nblk = (k + kW8A8Block - 1) / kW8A8Block;
   auto part = [&](int i, int64_t bytes, at::ScalarType type, int64_t cols) {
     return keep.buffer.narrow(0, keep.offsets[i], bytes).view(type).view({m, cols}).clone();
@@ -120,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> w8a8_quantize_rows(const at::Tens
 // q4k, and when the vector kernels run, the interleaved copies they read (common.h).
 W8A8Args quantized_args(const at::Tensor& x, at::Tensor& y, int64_t n, int64_t k, const c10::optional<at::Tensor>& bias,
                         bool q4k, bool vectors, Quantized& keep) {
-  quantize_into(x, q4k, vectors, keep);
+  quantize_into(x, k, q4k, vectors, keep);
   W8A8Args a{};
   point_at_activations(keep.buffers, x.size(0), k, a);
   a.bias = bias_pointer(bias, n);
@@ -154,14 +156,13 @@ at::Tensor q4k_dequantize_packed(const at::Tensor& packed, int64_t n, int64_t k)
 }
 
 // x [M, K] with K = k, or narrower by less than one super-block when the weights were padded with
-// zeros to a whole one (a requantised projection): x is padded with zeros alike, which adds nothing.
-at::Tensor q4k_matmul(const at::Tensor& x_in, const at::Tensor& packed, int64_t n, int64_t k,
+// zeros to a whole one (a requantised projection): x is quantised as if padded with zeros alike
+// (without a padded copy), which adds nothing.
+at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                       const c10::optional<at::Tensor>& bias, int64_t engine) {
   TORCH_CHECK(k % kQ4KSuper == 0, "Q4_K rows must have a multiple of 256 inputs, got ", k);
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) <= k && x_in.size(1) > k - kQ4KSuper && x_in.size(1) % 32 == 0 &&
-                  x_in.size(0) >= 1,
-              "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x_in.sizes());
-  const at::Tensor x = x_in.size(1) == k ? x_in : at::constant_pad_nd(x_in, {0, k - x_in.size(1)}, 0);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) <= k && x.size(1) > k - kQ4KSuper && x.size(1) % 32 == 0 && x.size(0) >= 1,
+              "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x.sizes());
   check_weights(packed, at::kByte, row_blocks(n) * (k / kQ4KSuper) * kQ4KRecord, "packed Q4_K");
   const bool amx = tiles_for(x.size(0), engine, kQ4KVectorRows);
   at::Tensor y = at::empty({x.size(0), n}, x.options());

@@ -67,10 +67,11 @@ struct W8A8Args {
   bool out_bf16;
 };
 constexpr int kW8A8Block = 64;  // inputs per activation block (one scale each)
-// Activation blocks [b0, b1) (of ceil(k / 64)) of rows [begin, end) of x [M, k] (fp32 or bf16),
+// Activation blocks [b0, b1) (of ceil(k / 64)) of rows [begin, end) of x [M, x_cols] (fp32 or
+// bf16; x_cols <= k, a multiple of 32: the inputs from x_cols to k are zeros, a padded Q4_K input),
 // quantised into xq [M, k], scale [M, ceil(k / 64)] and sum [M, k / 32] (vec/quantize.cpp).
-void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale, int32_t* sum, int64_t begin,
-                   int64_t end, int64_t b0, int64_t b1);
+void w8a8_quantize(const void* x, bool bf16, int64_t x_cols, int64_t k, int8_t* xq, float* scale, int32_t* sum,
+                   int64_t begin, int64_t end, int64_t b0, int64_t b1);
 // Q4_K's mins: xmin[m][h] = float(sum[m][h]) * scale[m][h / 2] (one fp32 rounding), rows
 // [begin, end), h in [h0, h1) (h < k / 32).
 void q4k_activation_mins(const float* scale, const int32_t* sum, int64_t k, float* xmin, int64_t begin, int64_t end,
@@ -85,7 +86,7 @@ int vector_chunk_rows();  // activation rows the vector kernels take per pass ov
 // Q4_K, else null) and, when the vector kernels read interleaved rows (M > 1), one buffer `rows`
 // of M * activation_row_words(k, q4k) elements holding their interleaved copies in turn (xq's
 // words, the scales, the sums, the mins). quantize_activations fills activation blocks [b0, b1)
-// of every row; disjoint block ranges touch disjoint elements, so threads may share a call.
+// of every row of x [M, x_cols] (zeros from x_cols to k, see w8a8_quantize); disjoint block ranges touch disjoint elements, so threads may share a call.
 struct ActivationBuffers {
   int8_t* xq;
   float* scale;
@@ -94,8 +95,8 @@ struct ActivationBuffers {
   uint32_t* rows;
 };
 int64_t activation_row_words(int64_t k, bool q4k);
-void quantize_activations(const void* x, bool bf16, int64_t m, int64_t k, const ActivationBuffers& out, int64_t b0,
-                          int64_t b1);
+void quantize_activations(const void* x, bool bf16, int64_t m, int64_t x_cols, int64_t k, const ActivationBuffers& out,
+                          int64_t b0, int64_t b1);
 // W8A8Args' activation fields (xq .. xmin_rows) for buffers quantize_activations has filled (the
 // *_rows ones null when M > 1 without interleaved copies: for the AMX tiles only).
 void point_at_activations(const ActivationBuffers& in, int64_t m, int64_t k, W8A8Args& a);

@@ -10,12 +10,13 @@
 
 namespace verispec {
 
-void w8a8_quantize(const void* x, bool bf16, int64_t k, int8_t* xq, float* scale, int32_t* sum, int64_t begin,
-                   int64_t end, int64_t b0, int64_t b1) {
+void w8a8_quantize(const void* x, bool bf16, int64_t x_cols, int64_t k, int8_t* xq, float* scale, int32_t* sum,
+                   int64_t begin, int64_t end, int64_t b0, int64_t b1) {
   using namespace vec;
-  auto load16 = [&](int64_t m, int64_t i) -> F16 {
-    if (bf16) return load_bf16(static_cast<const uint16_t*>(x) + m * k + i);
-    return load(static_cast<const float*>(x) + m * k + i);
+  auto load16 = [&](int64_t m, int64_t i) -> F16 {  // (x_cols % 32 == 0: 16 inputs are all in x or all past it)
+    if (i >= x_cols) return zero();
+    if (bf16) return load_bf16(static_cast<const uint16_t*>(x) + m * x_cols + i);
+    return load(static_cast<const float*>(x) + m * x_cols + i);
   };
   const I16 lo = iset1(-127), hi = iset1(127);
   const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block;
@@ -62,13 +63,13 @@ int64_t activation_row_words(int64_t k, bool q4k) {
   return k / 4 + nblk + halves + (q4k ? halves : 0);
 }
 
-void quantize_activations(const void* x, bool bf16, int64_t m, int64_t k, const ActivationBuffers& out, int64_t b0,
-                          int64_t b1) {
+void quantize_activations(const void* x, bool bf16, int64_t m, int64_t x_cols, int64_t k, const ActivationBuffers& out,
+                          int64_t b0, int64_t b1) {
   const int64_t words = k / 4, nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
   // block b holds words [16 b, 16 b + 16) and halves [2 b, 2 b + 2), the last block maybe half
   const int64_t w0 = 16 * b0, w1 = std::min<int64_t>(16 * b1, words);
   const int64_t h0 = 2 * b0, h1 = std::min<int64_t>(2 * b1, halves);
-  w8a8_quantize(x, bf16, k, out.xq, out.scale, out.sum, 0, m, b0, b1);
+  w8a8_quantize(x, bf16, x_cols, k, out.xq, out.scale, out.sum, 0, m, b0, b1);
   if (out.xmin) q4k_activation_mins(out.scale, out.sum, k, out.xmin, 0, m, h0, h1);
   if (!out.rows) return;
   const int chunk = vector_chunk_rows();
