@@ -32,20 +32,29 @@ using namespace vec;
 
 // Tilings of the bf16 kernel: G weight blocks x R activation rows of accumulators in registers,
 // one for calls of few rows (several weight streams in flight) and one for more rows (fewer
-// splits of each weight pair per multiply). The sums are the same whatever the tiling: a lane's
-// chain of FMAs over k does not depend on G or R.
+// splits of each weight pair per multiply), and how far ahead of its reads each weight stream
+// prefetches. The sums are the same whatever the tiling: a lane's chain of FMAs over k does not
+// depend on G or R.
+//
+// Prefetch distance: with several activation rows per weight line, 1 KB ahead was less than a memory
+// read early: an 8-row pass over a [8960 x 1536] bf16 matrix took 1.03 ms with 1 KB and 0.64-0.66 ms
+// with 4 KB (2 KB 0.69, 6 KB 0.68-0.73, 8 KB 0.73; avx2 tier, 4 and 8 rows: 0.99 / 1.56 -> 0.70 /
+// 1.30 ms; benchmarks/kernel_stream.py --kinds bf16, 2 threads, Zen 5). What counts is the whole pass
+// (benchmarks/kernels_ab.py, the 1.5B in bf16, Zen 5): avx512's few-row tiling, four streams, keeps
+// 1 KB (4 KB made T = 1 and 2 5-6% slower), its many-row one takes 4 KB (1 KB made T = 5 21%
+// slower); the avx2 tier's two-stream few-row tiling takes 4 KB too (1 KB: T = 1 and 2 8% slower).
 struct Tiling {
-  int blocks, rows;
+  int blocks, rows, prefetch_bytes;
 };
 #if VS_VEC_AVX512
 constexpr int kChunk = 8;  // activation rows per pass over a weight block (int8, Q4_K)
-constexpr Tiling kFewRows{4, 4}, kManyRows{2, 8};  // 16 or 32 vector registers
+constexpr Tiling kFewRows{4, 4, 1024}, kManyRows{2, 8, 4096};  // 16 or 32 vector registers
 #elif VS_VEC_AVX2
 constexpr int kChunk = 4;
-constexpr Tiling kFewRows{2, 2}, kManyRows{1, 4};  // 16 registers: (2 x 2 spills a little, but streams two)
-#else  // NEON (32 registers of 4 lanes: an F16 takes 4) and plain C++
+constexpr Tiling kFewRows{2, 2, 4096}, kManyRows{1, 4, 4096};  // 16 registers: (2 x 2 spills a little, but streams two)
+#else  // NEON (32 registers of 4 lanes: an F16 takes 4) and plain C++ (distances not measured there)
 constexpr int kChunk = 4;
-constexpr Tiling kFewRows{1, 4}, kManyRows{1, 4};
+constexpr Tiling kFewRows{1, 4, 1024}, kManyRows{1, 4, 1024};
 #endif
 constexpr int kBf16Blocks = kFewRows.blocks > kManyRows.blocks ? kFewRows.blocks : kManyRows.blocks;
 constexpr int kBf16Rows = kFewRows.rows > kManyRows.rows ? kFewRows.rows : kManyRows.rows;
@@ -129,16 +138,10 @@ void by_chunks(const W8A8Args& a, int64_t begin, int64_t end, const Table& fns) 
 
 // ------------------------------------------------------------------------------------ bf16
 
-// How far ahead of its reads each weight stream of the bf16 kernel prefetches. 1 KB ahead was
-// less than a memory read early once several activation rows share each line: an 8-row pass over a
-// [8960 x 1536] bf16 matrix took 1.03 ms with 1 KB and 0.64-0.66 ms with 4 KB (2 KB 0.69, 6 KB
-// 0.68-0.73, 8 KB 0.73; one row 0.59-0.76 with 1 KB, 0.59-0.60 with 4 KB; avx2 tier, 4 and 8
-// rows: 0.99 / 1.56 -> 0.70 / 1.30 ms; benchmarks/kernel_stream.py --kinds bf16, 2 threads, Zen 5).
-constexpr int kBf16PrefetchBytes = 4096;
-
-// G weight blocks from nb times the R activation rows from row0.
+// G weight blocks from nb times the R activation rows from row0, each weight stream prefetched
+// `ahead` values ahead.
 template <int G, int R>
-void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0) {
+void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0, int64_t ahead) {
   const int64_t pairs = a.K / 2, block = a.K * kRows;  // bf16 values per packed block
   const uint16_t* w = a.w + nb * block;
   const float* x[R];  // (fp32: a broadcast is then one load)
@@ -151,7 +154,7 @@ void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0) {
     F16 even[G], odd[G];
     for (int j = 0; j < G; ++j) {
       const uint16_t* p = w + j * block + g * 32;  // one 64-byte line per group
-      __builtin_prefetch(p + kBf16PrefetchBytes / 2);
+      __builtin_prefetch(p + ahead);
       load_bf16_pairs(p, even[j], odd[j]);
     }
     for (int m = 0; m < R; ++m) {
@@ -170,7 +173,7 @@ void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0) {
   }
 }
 
-using Bf16Fn = void (*)(const Bf16Args&, int64_t, int64_t);
+using Bf16Fn = void (*)(const Bf16Args&, int64_t, int64_t, int64_t);
 constexpr auto kBf16Fns = rows_table<kBf16Blocks>([](auto g) {
   return rows_table<kBf16Rows>([](auto r) { return &bf16_tile<decltype(g)::value, decltype(r)::value>; });
 });
@@ -189,7 +192,7 @@ void bf16_linear_vec(const Bf16Args& a, int64_t begin, int64_t end) {
     const int g = static_cast<int>(std::min<int64_t>(end - nb, tile.blocks));
     for (int64_t row0 = 0; row0 < a.M; row0 += tile.rows) {
       const int r = static_cast<int>(std::min<int64_t>(a.M - row0, tile.rows));
-      kBf16Fns[g - 1][r - 1](a, nb, row0);
+      kBf16Fns[g - 1][r - 1](a, nb, row0, tile.prefetch_bytes / 2);
     }
   }
 }
