@@ -1,0 +1,121 @@
+"""Did a kernel change make a whole forward pass faster? Old and new kernels in one process, passes interleaved.
+
+On a shared machine the speed of memory and cores moves by 20-50% from minute to minute, so two
+runs (before, after) measured one after the other compare the machine's moods as much as the
+code. This benchmark builds the kernel sources (``verispec/kernels/csrc``) of a git revision
+``--base`` next to the working tree's, loads the same model twice in one process, one on each
+module (the Python code is the working tree's for both: the base's C++ must accept its calls), and
+times passes of T new tokens after ``--context`` cached ones, the two models taking turns every
+few passes. Reported: each model's median ms per pass at every width, and per round the ratio
+new / old of the two medians, whose median is the figure that counts (below 1: the new kernels
+are faster).
+
+    python benchmarks/kernels_ab.py --base HEAD~1 [--role target|draft] [--precision int4]
+        [--widths 1,8] [--rounds 16] [--passes 6] [--context 128] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
+from verispec.kernels import build
+from verispec.kernels.dispatch import selected
+
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = "verispec/kernels/csrc"
+
+
+def base_module(rev: str, out: Path) -> Any:
+    """The kernel module built from ``rev``'s sources (extracted with ``git archive``)."""
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, CSRC], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(tar)) as archive:
+        archive.extractall(out, filter="data")
+    tier, src = selected(), out / CSRC
+    from torch.utils.cpp_extension import load as load_extension
+
+    (out / "build").mkdir()
+    return load_extension(
+        name=f"verispec_kernels_base_{tier.name}",
+        sources=[str(src / name) for name in tier.sources],
+        extra_cflags=list(build.flags_of(tier)),
+        extra_ldflags=["-fopenmp"],
+        extra_include_paths=[str(src)],
+        build_directory=str(out / "build"),
+        verbose=False,
+    )
+
+
+def use(module: Any) -> None:
+    """Make ``verispec.kernels.load()`` return ``module`` (models ask it per call)."""
+    build._STATE.modules[selected().name] = module
+    build._STATE.by_env.clear()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="git revision whose kernel sources are 'old'")
+    ap.add_argument("--role", choices=("target", "draft"), default="target")
+    ap.add_argument("--precision", default="int4")
+    ap.add_argument("--widths", default="1,8")
+    ap.add_argument("--rounds", type=int, default=16)
+    ap.add_argument("--passes", type=int, default=6, help="passes per width, model and round (the first dropped)")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    widths = [int(w) for w in args.widths.split(",")]
+    spec = DEFAULT_TARGET if args.role == "target" else DEFAULT_DRAFT
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"# building the kernels of {args.base} ({selected().name} tier) ...", file=sys.stderr)
+        modules = {"new": build.load(), "old": base_module(args.base, Path(tmp))}
+        models = {}
+        for name, module in modules.items():
+            use(module)
+            models[name] = load_model(spec, dtype=args.precision)
+        gen = torch.Generator().manual_seed(0)
+        vocab = models["new"].config.vocab_size
+        prompt = torch.randint(0, vocab, (1, args.context), generator=gen)
+        caches = {}
+        for name, loaded in models.items():
+            use(modules[name])
+            caches[name] = loaded.model.new_cache(1, args.context + max(widths))
+            loaded.model(prompt, None, caches[name], logits_at=torch.tensor([[args.context - 1]]))
+        times: dict[tuple[str, int], list[float]] = {(n, w): [] for n in models for w in widths}
+        for _ in range(args.rounds):
+            for name, loaded in models.items():
+                use(modules[name])
+                for width in widths:
+                    passes = []
+                    for _ in range(args.passes):
+                        new = torch.randint(0, vocab, (1, width), generator=gen)
+                        t0 = time.perf_counter()
+                        loaded.model(new, None, caches[name])
+                        passes.append(time.perf_counter() - t0)
+                        caches[name].truncate([args.context])
+                    times[(name, width)].append(statistics.median(passes[1:]))
+    tier = selected().name
+    print(f"### {spec} {args.precision}, kernels of the working tree (new) vs {args.base} (old), {tier} tier, "
+          f"{args.threads} threads, {args.rounds} rounds")  # fmt: skip
+    print("| width T | new ms (median) | old ms (median) | new / old per round, median [min-max] |")
+    print("|---|---|---|---|")
+    for width in widths:
+        new, old = times[("new", width)], times[("old", width)]
+        ratios = [a / b for a, b in zip(new, old, strict=True)]
+        print(f"| {width} | {1e3 * statistics.median(new):.2f} | {1e3 * statistics.median(old):.2f} | "
+              f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}] |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
