@@ -419,8 +419,8 @@ def build_laws(logits: Tensor, params: Sequence[SamplingParams], history: TokenH
         x = _apply_penalties(x, rows, history)
     x = _apply_logit_bias(x, params, rows)
 
-    any_greedy = rows.any(lambda p: p.greedy)
-    if rows.any(lambda p: not p.greedy):
+    any_greedy, any_sampled = rows.any(lambda p: p.greedy), rows.any(lambda p: not p.greedy)
+    if any_sampled:
         if rows.any(lambda p: not p.greedy and p.temperature != 1.0):
             x = x / rows.column(lambda p: 1.0 if p.greedy else p.temperature)
         if rows.any(lambda p: not p.greedy and p.top_k > 0):
@@ -445,7 +445,7 @@ def build_laws(logits: Tensor, params: Sequence[SamplingParams], history: TokenH
         probs = torch.softmax(x, dim=1)
     else:  # the mode: 1 at the largest logit (the lowest id on ties), 0 elsewhere
         probs = torch.zeros_like(x).scatter_(1, x.argmax(dim=1, keepdim=True), 1.0)
-        if rows.any(lambda p: not p.greedy):  # (when every row is greedy, no softmax to take)
+        if any_sampled:  # (when every row is greedy, no softmax to take)
             probs = torch.where(rows.column(lambda p: p.greedy, torch.bool), probs, torch.softmax(x, dim=1))
     if failed:
         probs = probs * finite.unsqueeze(1)

@@ -359,8 +359,11 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   return y;
 }
 
-// gate, up [M, F] with the same row stride and unit column stride -> silu(gate) * up [M, F].
+// SwiGLU's work split by columns, this many at a time, so that one row (a decoding step) has
+// threads too.
 constexpr int64_t kSiluColumns = 256;
+
+// gate, up [M, F] with the same row stride and unit column stride -> silu(gate) * up [M, F].
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   check_bf16_cpu(gate, "gate");
   check_bf16_cpu(up, "up");
@@ -373,7 +376,6 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   const uint16_t* upp = bf16_pointer(up);
   uint16_t* yp = bf16_pointer_mut(y);
   const int64_t stride = gate.stride(0);
-  // split by columns, kSiluColumns at a time, so that one row (a decoding step) has threads too
   const int64_t pieces = (f + kSiluColumns - 1) / kSiluColumns;
   at::parallel_for(0, pieces, grain_for(m * kSiluColumns), [&](int64_t b, int64_t e) {
     silu_mul_rows(gp, upp, stride, yp, f, 0, m, b * kSiluColumns, std::min(e * kSiluColumns, f));

@@ -4,6 +4,7 @@
 //   p[m][k] = round_half_even(x[m][k] * inv) clamped to -127..127,
 // and the sums of p over each 32 inputs (the int8 kernels' offset correction, Q4_K's mins).
 #include <algorithm>
+#include <array>
 
 #include "common.h"
 #include "vec.h"
@@ -63,48 +64,58 @@ int64_t activation_row_words(int64_t k, bool q4k) {
   return k / 4 + nblk + halves + (q4k ? halves : 0);
 }
 
+namespace {
+
+// One of the four [M, per_row] arrays of quantised activations (xq's words, the scales, the sums,
+// Q4_K's mins; src null when absent), the place of its interleaved copy in the rows buffer, and how
+// many of its elements an activation block of 64 inputs holds.
+struct ActivationPart {
+  const uint32_t* src;
+  int64_t per_row, per_block;
+  uint32_t* copy;
+};
+
+std::array<ActivationPart, 4> parts_of(const ActivationBuffers& b, int64_t m, int64_t k) {
+  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
+  std::array<ActivationPart, 4> parts{{{reinterpret_cast<const uint32_t*>(b.xq), k / 4, 16, nullptr},
+                                       {reinterpret_cast<const uint32_t*>(b.scale), nblk, 1, nullptr},
+                                       {reinterpret_cast<const uint32_t*>(b.sum), halves, 2, nullptr},
+                                       {reinterpret_cast<const uint32_t*>(b.xmin), halves, 2, nullptr}}};
+  uint32_t* at = b.rows;
+  for (auto& part : parts)
+    if (at && part.src) {
+      part.copy = at;
+      at += m * part.per_row;
+    }
+  return parts;
+}
+
+}  // namespace
+
 void quantize_activations(const void* x, bool bf16, int64_t m, int64_t x_cols, int64_t k, const ActivationBuffers& out,
                           int64_t b0, int64_t b1) {
-  const int64_t words = k / 4, nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
-  // block b holds words [16 b, 16 b + 16) and halves [2 b, 2 b + 2), the last block maybe half
-  const int64_t w0 = 16 * b0, w1 = std::min<int64_t>(16 * b1, words);
-  const int64_t h0 = 2 * b0, h1 = std::min<int64_t>(2 * b1, halves);
   w8a8_quantize(x, bf16, x_cols, k, out.xq, out.scale, out.sum, 0, m, b0, b1);
+  const int64_t halves = k / 32, h0 = 2 * b0, h1 = std::min<int64_t>(2 * b1, halves);  // (the last block may be half)
   if (out.xmin) q4k_activation_mins(out.scale, out.sum, k, out.xmin, 0, m, h0, h1);
-  if (!out.rows) return;
-  const int chunk = vector_chunk_rows();
-  uint32_t* at = out.rows;
-  interleave_rows(reinterpret_cast<const uint32_t*>(out.xq), m, words, chunk, at, w0, w1);
-  at += m * words;
-  interleave_rows(reinterpret_cast<const uint32_t*>(out.scale), m, nblk, chunk, at, b0, b1);
-  at += m * nblk;
-  interleave_rows(reinterpret_cast<const uint32_t*>(out.sum), m, halves, chunk, at, h0, h1);
-  at += m * halves;
-  if (out.xmin) interleave_rows(reinterpret_cast<const uint32_t*>(out.xmin), m, halves, chunk, at, h0, h1);
+  for (const auto& part : parts_of(out, m, k))
+    if (part.copy)
+      interleave_rows(part.src, m, part.per_row, vector_chunk_rows(), part.copy, part.per_block * b0,
+                      std::min(part.per_block * b1, part.per_row));
 }
 
 void point_at_activations(const ActivationBuffers& in, int64_t m, int64_t k, W8A8Args& a) {
-  const int64_t words = k / 4, nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
   a.xq = in.xq;
   a.xscale = in.scale;
   a.xsum = in.sum;
   a.xmin = in.xmin;
-  if (!in.rows) {  // one row: the interleaved order is the row itself (else only AMX tiles read them)
-    if (m > 1) return;
-    a.xq_rows = reinterpret_cast<const int32_t*>(in.xq);
-    a.xscale_rows = in.scale;
-    a.xsum_rows = in.sum;
-    a.xmin_rows = in.xmin;
-    return;
-  }
-  const uint32_t* at = in.rows;
-  a.xq_rows = reinterpret_cast<const int32_t*>(at);
-  at += m * words;
-  a.xscale_rows = reinterpret_cast<const float*>(at);
-  at += m * nblk;
-  a.xsum_rows = reinterpret_cast<const int32_t*>(at);
-  at += m * halves;
-  a.xmin_rows = in.xmin ? reinterpret_cast<const float*>(at) : nullptr;
+  if (!in.rows && m > 1) return;  // no interleaved copies: for the AMX tiles only
+  // one row: the interleaved order is the row itself
+  const auto parts = parts_of(in, m, k);
+  auto copy = [&](int i) { return in.rows ? parts[i].copy : parts[i].src; };
+  a.xq_rows = reinterpret_cast<const int32_t*>(copy(0));
+  a.xscale_rows = reinterpret_cast<const float*>(copy(1));
+  a.xsum_rows = reinterpret_cast<const int32_t*>(copy(2));
+  a.xmin_rows = reinterpret_cast<const float*>(copy(3));
 }
 
 }  // namespace verispec
