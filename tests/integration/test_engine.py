@@ -179,6 +179,15 @@ def test_restricted_draft_head_greedy_equals_plain() -> None:
     with pytest.raises(ConfigError, match="head size"):
         make_drafter("model", draft_model=draft, vocab_size=8, draft_head=0)
 
+    class Headless:  # a model that exposes neither its LM head module nor its rows
+        lm_head = lm_weight = None
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(draft, name)
+
+    with pytest.raises(ConfigError, match="cannot be restricted"):
+        make_drafter("model", draft_model=Headless(), vocab_size=8, draft_head=4)
+
 
 @pytest.mark.parametrize("drafter", ["model", "composite"])
 def test_adaptive_k_greedy_equals_plain(drafter: str) -> None:

@@ -304,9 +304,9 @@ class Transformer(nn.Module):
                 )
         cast = {k: v.detach().to(device=device, dtype=dtype) for k, v in wanted.items()}
         result = self.load_state_dict(cast, strict=False, assign=True)
-        assert not result.unexpected_keys and set(result.missing_keys) <= {
-            k for p in packed for k in self.state_dict() if k.startswith(p + ".")
-        }, result
+        # only packed projections' own tensors are left (a state_dict() per projection took ~0.4 s a model)
+        inside_packed = {k for k in result.missing_keys if any(k[:i] in packed for i, c in enumerate(k) if c == ".")}
+        assert not result.unexpected_keys and inside_packed == set(result.missing_keys), result
 
     @property
     def embed_weight(self) -> Tensor:  # [V, C]
