@@ -189,6 +189,15 @@ def test_file_reader_matches_gguf_reader(tmp_path: Path) -> None:
         assert np.array_equal(ours.data(t.name).reshape(-1), t.data.reshape(-1).view(np.uint8))
 
 
+def test_reader_without_strings_steps_over_string_arrays(tmp_path: Path) -> None:
+    path, _, _ = make(tmp_path, types={"*": "Q8_0"}, metadata={"test.str": "kept"})
+    full, light = GGUFFile(path), GGUFFile(path, strings=False)
+    arrays = {k for k, v in full.metadata.items() if isinstance(v, list)}
+    assert "tokenizer.ggml.tokens" in arrays and "tokenizer.ggml.merges" in arrays
+    assert set(light.metadata) == set(full.metadata) - arrays and light.metadata["test.str"] == "kept"
+    assert light.tensors == full.tensors and light.data_offset == full.data_offset
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 
@@ -217,6 +226,8 @@ def test_truncated_header(tmp_path: Path) -> None:
     cut.write_bytes(path.read_bytes()[:2000])  # inside the vocabulary array
     with pytest.raises(ModelLoadError, match="truncated"):
         GGUFFile(cut)
+    with pytest.raises(ModelLoadError, match="truncated"):  # stepping over it sees the cut too
+        GGUFFile(cut, strings=False)
 
 
 def test_unsupported_architecture(tmp_path: Path) -> None:

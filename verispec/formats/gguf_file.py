@@ -78,10 +78,11 @@ class GGUFTensorEntry:
 class _Cursor:
     """Bounds-checked little-endian reads from a byte buffer; running past the end = truncation."""
 
-    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
+    def __init__(self, buf: mmap.mmap | bytes, path: Path, strings: bool = True) -> None:
         self.buf = buf
         self.pos = 0
         self.path = path
+        self.strings = strings  # False: arrays of strings are stepped over (value None), not decoded
 
     def _need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > len(self.buf):
@@ -110,7 +111,7 @@ class _Cursor:
         except UnicodeDecodeError as exc:
             raise ModelLoadError(f"{self.path}: {what} is not valid UTF-8 ({exc}); the file is corrupt") from exc
 
-    def string_array(self, count: int, what: str) -> list[str]:
+    def string_array(self, count: int, what: str) -> list[str] | None:
         # Each string takes at least its 8-byte length: a count the rest of the file cannot hold is
         # refused before a single string is built.
         if count > MAX_STRING_ARRAY or count * 8 > len(self.buf) - self.pos:
@@ -121,24 +122,35 @@ class _Cursor:
         buf, pos, unpack, size = self.buf, self.pos, struct.unpack_from, len(self.buf)
         out: list[str] = []
         append = out.append
+        done = 0
         try:
-            for _ in range(count):
-                (n,) = unpack("<Q", buf, pos)
-                pos += 8
-                if pos + n > size:
-                    break
-                append(bytes(buf[pos : pos + n]).decode("utf-8"))
-                pos += n
+            if self.strings:
+                for _ in range(count):
+                    (n,) = unpack("<Q", buf, pos)
+                    pos += 8
+                    if pos + n > size:
+                        break
+                    append(bytes(buf[pos : pos + n]).decode("utf-8"))
+                    pos += n
+                done = len(out)
+            else:  # only the lengths, to find where the array ends
+                for done in range(count):  # noqa: B007 (done counts the strings stepped over)
+                    (n,) = unpack("<Q", buf, pos)
+                    if pos + 8 + n > size:
+                        break
+                    pos += 8 + n
+                else:
+                    done = count
         except struct.error:
             pass  # ran off the end: reported below
         except UnicodeDecodeError as exc:
             raise ModelLoadError(f"{self.path}: {what}[{len(out)}] is not valid UTF-8 ({exc})") from exc
         self.pos = pos
-        if len(out) != count:
-            raise self._truncated(f"{what}[{len(out)}]", 8)
-        return out
+        if done != count:
+            raise self._truncated(f"{what}[{done}]", 8)
+        return out if self.strings else None
 
-    def value(self, vtype: int, what: str) -> MetadataValue:
+    def value(self, vtype: int, what: str) -> MetadataValue | None:
         if vtype == _STRING:
             return self.string(what)
         if vtype == _ARRAY:
@@ -168,14 +180,17 @@ def _type_name(type_id: int) -> str:
 
 class GGUFFile:
     """A GGUF file opened for reading: ``metadata`` (key -> value), ``tensors`` (name -> entry),
-    and :meth:`data` to view a tensor's bytes without copying them.
+    and :meth:`data` to view a tensor's bytes without copying them. ``strings=False`` steps over
+    the arrays of strings (a tokenizer's vocabulary and merges: most of the time of opening a
+    file) and leaves them out of ``metadata``, for readers of the tensor directory only.
 
     Raises :class:`ModelLoadError` for a missing, non-GGUF, truncated or corrupt file and
     :class:`UnsupportedModelError` for a GGUF version or byte order it does not read.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, strings: bool = True) -> None:
         self.path = Path(path)
+        self._strings = strings
         if not self.path.is_file():
             raise ModelLoadError(f"{self.path}: no such GGUF file. Check the path (or prepare the model files).")
         with open(self.path, "rb") as fh:
@@ -193,7 +208,7 @@ class GGUFFile:
     def _parse(
         self, buf: mmap.mmap, size: int
     ) -> tuple[dict[str, MetadataValue], dict[str, GGUFTensorEntry], int, int]:
-        cur = _Cursor(buf, self.path)
+        cur = _Cursor(buf, self.path, self._strings)
         magic = bytes(buf[:4])
         if magic != GGUF_MAGIC:
             raise ModelLoadError(f"{self.path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
@@ -218,12 +233,16 @@ class GGUFFile:
                 f"its {size} bytes can hold; the file is corrupt or truncated"
             )
         metadata: dict[str, MetadataValue] = {}
+        keys: set[str] = set()
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
             vtype = cur.scalar("<I", f"type of {key}")
-            if key in metadata:
+            if key in keys:
                 raise ModelLoadError(f"{self.path}: metadata key {key!r} appears twice; the file is corrupt")
-            metadata[key] = cur.value(vtype, key)
+            keys.add(key)
+            value = cur.value(vtype, key)
+            if value is not None:
+                metadata[key] = value
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if (
             not isinstance(alignment, int) or isinstance(alignment, bool) or not 0 < alignment <= MAX_ALIGNMENT

@@ -307,7 +307,7 @@ def has_q4k_weights(spec: str | os.PathLike[str], home: Path | None = None) -> b
     try:
         from verispec.formats.gguf_file import GGUFFile
 
-        return any(t.type_name == "Q4_K" for t in GGUFFile(gguf).tensors.values())
+        return any(t.type_name == "Q4_K" for t in GGUFFile(gguf, strings=False).tensors.values())
     except VerispecError:
         return False  # the loader says what is wrong with it
 
