@@ -158,6 +158,19 @@ def test_from_hf_folder(tiny_path: Path, tmp_path: Path) -> None:
     assert Tokenizer.from_hf_folder(tmp_path).apply_chat_template([{"role": "u", "content": "c"}]) == "c"
 
 
+def test_folders_with_one_tokenizer_file_share_its_backend(tiny_path: Path, tmp_path: Path) -> None:
+    backend = Tokenizer.from_gguf(tiny_path).backend
+    a, b, c = (tmp_path / name for name in "abc")
+    for folder in (a, b, c):
+        folder.mkdir()
+        backend.save(str(folder / "tokenizer.json"))
+    text = (c / "tokenizer.json").read_text()
+    (c / "tokenizer.json").write_text(text.replace('"<|im_end|>"', '"<|im_stop|>"'))  # another vocabulary
+    ta, tb, tc = (Tokenizer.from_hf_folder(folder) for folder in (a, b, c))
+    assert ta.backend is tb.backend and tc.backend is not ta.backend
+    assert tc.token_to_id("<|im_stop|>") is not None and ta.token_to_id("<|im_stop|>") is None
+
+
 def test_hf_folder_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match=r"no tokenizer\.json"):
         Tokenizer.from_hf_folder(tmp_path)

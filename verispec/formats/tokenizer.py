@@ -28,6 +28,7 @@ template comes with a model file and is code written by someone else.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -187,6 +188,25 @@ def build_gguf_backend(file: GGUFFile, *, nfc: bool = False) -> BackendTokenizer
     return backend
 
 
+#: Tokenizers built from tokenizer.json contents, by SHA-256 (the last few kept).
+_BACKENDS: dict[str, BackendTokenizer] = {}
+_BACKENDS_KEPT = 4
+
+
+def _backend_of(data: bytes) -> BackendTokenizer:
+    """The tokenizer a ``tokenizer.json`` holds, built once per content and shared (a target and
+    its draft usually carry the same file: building a 150k-token one takes ~0.35 s; a backend is
+    never changed after it is built, and the vocabulary check of a pair sees it is the same one)."""
+    digest = hashlib.sha256(data).hexdigest()
+    backend = _BACKENDS.pop(digest, None)
+    if backend is None:
+        backend = BackendTokenizer.from_str(data.decode("utf-8"))
+    _BACKENDS[digest] = backend  # (re-inserted: the most recent last)
+    while len(_BACKENDS) > _BACKENDS_KEPT:
+        del _BACKENDS[next(iter(_BACKENDS))]
+    return backend
+
+
 class Tokenizer:
     """Text <-> token ids for one model, plus its chat template and its end-of-generation ids.
 
@@ -246,7 +266,9 @@ class Tokenizer:
         if not path.is_file():
             raise ModelLoadError(f"{root}: no tokenizer.json; a Hugging Face 'fast' tokenizer file is required")
         try:
-            backend = BackendTokenizer.from_file(str(path))
+            backend = _backend_of(path.read_bytes())
+        except OSError as exc:
+            raise ModelLoadError(f"{path}: cannot be read ({exc})") from exc
         except Exception as exc:  # the Rust side raises a plain Exception for a malformed file
             raise ModelLoadError(f"{path}: not a valid tokenizer.json ({exc})") from exc
         config = _read_json(root / "tokenizer_config.json")
