@@ -3,8 +3,8 @@
 One module per instruction-set tier (:mod:`verispec.kernels.dispatch`: amx, avx512, avx2,
 neon, portable), built from ``csrc/`` with that tier's flags by ``torch.utils.cpp_extension.load`` (g++
 with OpenMP, driven by ninja) into ``$VERISPEC_HOME/kernels/<key>/`` (default
-``~/.cache/verispec/kernels``), where ``key`` hashes the tier, its sources, the flags and the
-torch and Python versions: a first build takes about a minute (logged as it starts), later
+``~/.cache/verispec/kernels``), where ``key`` hashes the tier, its sources (and their folder), the
+flags and the torch and Python versions: a first build takes about a minute (logged as it starts), later
 processes import the cached library in well under a second. A file lock (``kernels/.lock``,
 released by the OS if a process dies) serialises concurrent builds.
 
@@ -71,9 +71,12 @@ def flags_of(tier: Tier) -> tuple[str, ...]:
 
 
 def build_key(tier: Tier | None = None) -> str:
-    """Hash of what ``tier``'s library depends on: sources, flags, torch and Python versions."""
+    """Hash of what ``tier``'s library depends on: sources, flags, torch and Python versions, and
+    where the sources are (the build files name them by path: two installs of one version that
+    shared a folder would rebuild it each time the other one ran, ~30 s each)."""
     tier = tier or selected()
     digest = hashlib.sha256(tier.name.encode())
+    digest.update(str(SOURCE_DIR.resolve()).encode() + b"\0")
     for name in (*HEADERS, *tier.sources):
         digest.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes() + b"\0")
     digest.update(" ".join(flags_of(tier)).encode())
