@@ -5,6 +5,10 @@ Definitions follow vLLM's spec-decode metrics (``vllm/v1/spec_decode/metrics.py`
 - ``num_drafts``: verification steps that checked at least one draft token;
 - ``num_draft_tokens`` / ``num_accepted_tokens``: draft tokens proposed / accepted;
 - ``accepted_per_pos[i]``: steps whose first ``i + 1`` draft tokens were all accepted;
+- ``drafted_per_pos[i]``: steps that drafted at least ``i + 1`` tokens (with a draft length chosen
+  per step, position ``i + 1`` is not drafted in every step: ``accepted_per_pos[i] /
+  drafted_per_pos[i]`` is its acceptance where it was drafted);
+- ``num_rejected``: steps that ended at a rejected draft token (the others accepted every one);
 - acceptance rate AR = accepted / drafted;
 - mean acceptance length AL = 1 + accepted / drafts: output tokens per step, the recovered or
   bonus token included.
@@ -32,6 +36,8 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    drafted_per_pos: list[int] = field(default_factory=list)
+    num_rejected: int = 0
     # accepted_histogram[n]: steps that accepted exactly n draft tokens.
     accepted_histogram: list[int] = field(default_factory=list)
     # trees: visits of a node with a child of rank i verified, and acceptances of that child
@@ -67,9 +73,13 @@ class SpecStats:
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
+        self.num_rejected += num_accepted < num_draft_tokens
         _grow(self.accepted_per_pos, num_draft_tokens)
+        _grow(self.drafted_per_pos, num_draft_tokens)
         for i in range(num_accepted):
             self.accepted_per_pos[i] += 1
+        for i in range(num_draft_tokens):
+            self.drafted_per_pos[i] += 1
         _grow(self.accepted_histogram, num_accepted + 1)
         self.accepted_histogram[num_accepted] += 1
 
@@ -83,16 +93,22 @@ class SpecStats:
         k = int(num_draft_tokens.max()) if num_draft_tokens.numel() else 0
         if k == 0:
             return
-        accepted = num_accepted[drafted]
-        per_pos = (torch.arange(k, device=accepted.device).unsqueeze(0) < accepted.unsqueeze(1)).sum(0)
+        accepted, lengths = num_accepted[drafted], num_draft_tokens[drafted]
+        positions = torch.arange(k, device=accepted.device).unsqueeze(0)  # [1, k]
+        per_pos = (positions < accepted.unsqueeze(1)).sum(0)
+        reached = (positions < lengths.unsqueeze(1)).sum(0)
         hist = torch.bincount(accepted, minlength=k + 1)
         self.num_drafts += int(drafted.sum())
         self.num_draft_tokens += int(num_draft_tokens.sum())
         self.num_accepted_tokens += int(accepted.sum())
+        self.num_rejected += int((accepted < lengths).sum())
         _grow(self.accepted_per_pos, k)
+        _grow(self.drafted_per_pos, k)
         _grow(self.accepted_histogram, k + 1)
         for i, v in enumerate(per_pos.tolist()):
             self.accepted_per_pos[i] += v
+        for i, v in enumerate(reached.tolist()):
+            self.drafted_per_pos[i] += v
         for i, v in enumerate(hist.tolist()):
             self.accepted_histogram[i] += v
 
@@ -102,9 +118,11 @@ class SpecStats:
             self.num_drafts + other.num_drafts,
             self.num_draft_tokens + other.num_draft_tokens,
             self.num_accepted_tokens + other.num_accepted_tokens,
+            num_rejected=self.num_rejected + other.num_rejected,
         )
         for mine, theirs, target in (
             (self.accepted_per_pos, other.accepted_per_pos, out.accepted_per_pos),
+            (self.drafted_per_pos, other.drafted_per_pos, out.drafted_per_pos),
             (self.accepted_histogram, other.accepted_histogram, out.accepted_histogram),
             (self.rank_reached, other.rank_reached, out.rank_reached),
             (self.rank_accepted, other.rank_accepted, out.rank_accepted),
@@ -132,6 +150,21 @@ class SpecStats:
         return [n / self.num_drafts for n in self.accepted_per_pos] if self.num_drafts else []
 
     @property
+    def acceptance_where_drafted(self) -> list[float]:
+        """Fraction of the steps that drafted position ``i + 1`` whose first ``i + 1`` tokens were all
+        accepted (equal to :attr:`acceptance_per_position` when every step drafts as many)."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_pos, self.drafted_per_pos, strict=True)]
+
+    @property
+    def alpha(self) -> float | None:
+        """The per-token acceptance rate of the i.i.d. model of Leviathan et al. (2023), fitted by
+        maximum likelihood to the chains verified: a step that drafted ``k`` tokens and accepted
+        ``n`` saw ``n`` acceptances and, when ``n < k``, one rejection, so the estimate is accepted /
+        (accepted + rejected steps), whatever draft length each step chose. None without drafts."""
+        seen = self.num_accepted_tokens + self.num_rejected
+        return self.num_accepted_tokens / seen if seen else None
+
+    @property
     def positional_acceptance(self) -> list[float]:
         """Trees: the share of verified rank-``i`` children that were accepted (``p_(i+1)``)."""
         return [a / r if r else 0.0 for a, r in zip(self.rank_accepted, self.rank_reached, strict=True)]
@@ -142,6 +175,8 @@ class SpecStats:
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "accepted_per_pos": list(self.accepted_per_pos),
+            "drafted_per_pos": list(self.drafted_per_pos),
+            "num_rejected": self.num_rejected,
             "accepted_histogram": list(self.accepted_histogram),
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,

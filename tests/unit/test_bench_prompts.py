@@ -5,7 +5,6 @@ import io
 import pytest
 
 from verispec.bench.prompts import SET_NAMES, edit_prompts, iter_json_array, prompt_set, summarize_prompts
-from verispec.bench.runner import alpha_from_positions
 from verispec.errors import ConfigError
 
 
@@ -36,9 +35,3 @@ def test_edit_prompts_are_verispec_functions(tmp_path) -> None:  # type: ignore[
     (tmp_path / "m.py").write_text("def f(x):\n" + "    x += 1\n" * 9 + "    return x\n\ndef g():\n    pass\n")
     mine = edit_prompts(tmp_path, every=1)
     assert len(mine) == 2 and "verispec/m.py" in mine[0] and "def g" not in mine[0]  # g is too short
-
-
-def test_alpha_from_positions() -> None:
-    assert alpha_from_positions([]) is None
-    assert alpha_from_positions([0.5, 0.25, 0.125]) == pytest.approx(0.5)
-    assert alpha_from_positions([0.8, 0.4]) == pytest.approx((0.8 + 0.5) / 2)

@@ -19,6 +19,25 @@ def test_chain_counts_follow_the_vllm_definitions() -> None:
         s.observe(2, 3)
 
 
+def test_draft_lengths_chosen_per_step_are_counted_where_drafted() -> None:
+    import torch
+
+    one, batched = SpecStats(), SpecStats()
+    steps = [(2, 2), (5, 3), (3, 3), (1, 0), (4, 4)]  # (drafted, accepted): two rejections
+    for k, n in steps:
+        one.observe(k, n)
+    drafted, accepted = (torch.tensor(list(col)) for col in zip(*steps, strict=True))
+    batched.observe_tensors(drafted, accepted)
+    for s in (one, batched, SpecStats().merge(one)):
+        assert s.drafted_per_pos == [5, 4, 3, 2, 1] and s.accepted_per_pos == [4, 4, 3, 1, 0]
+        assert s.num_rejected == 2
+        assert s.acceptance_where_drafted == [4 / 5, 1.0, 1.0, 0.5, 0.0]
+        assert s.alpha == pytest.approx(12 / 14)  # 12 acceptances, 2 rejections
+    # the share of all steps falls where short drafts stopped, though nothing was rejected there
+    assert one.acceptance_per_position == [0.8, 0.8, 0.6, 0.2, 0.0]
+    assert SpecStats().alpha is None
+
+
 def test_acceptance_by_child_rank_counts_every_visited_node() -> None:
     # root -> a (rank 0), b (rank 1); b -> c (rank 0), d (rank 1); d has no children
     parents = [-1, -1, 1, 1]

@@ -12,7 +12,6 @@ single-request model's prediction S(alpha, K, c) next to the measurement
 
 from __future__ import annotations
 
-import itertools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -60,15 +59,6 @@ def run_once(engine: Engine, prompt: str, params: SamplingParams, mode: str) -> 
         draft_pass_seconds=[s.draft_seconds / s.num_passes for s in steps if s.num_passes > 0],
         verify_seconds=[s.verify_seconds for s in steps if s.num_passes > 0],
     )
-
-
-def alpha_from_positions(per_pos: Sequence[float]) -> float | None:
-    """Per-token acceptance of the i.i.d. model fitted to the acceptance per position: the mean of
-    the conditional acceptances (position 1, then each position given the one before)."""
-    if not per_pos:
-        return None
-    ratios = [per_pos[0]] + [b / a for a, b in itertools.pairwise(per_pos) if a > 0]
-    return sum(ratios) / len(ratios)
 
 
 @dataclass
@@ -149,7 +139,7 @@ def summarize_set(name: str, pairs: Sequence[tuple[Run, Run]], params: SamplingP
     draft_pass = [x for _, s in pairs for x in s.draft_pass_seconds]
     verify = [x for _, s in pairs for x in s.verify_seconds]
     c = statistics.median(draft_pass) / statistics.median(verify) if draft_pass and verify else None
-    alpha = alpha_from_positions(stats.acceptance_per_position)
+    alpha = stats.alpha
     mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
     k = round(mean_k)
     predicted = speedup(min(alpha, 1.0), k, c) if alpha is not None and c is not None and k >= 1 else None

@@ -97,7 +97,6 @@ def run(args: argparse.Namespace) -> int:
 def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     """Everything the command shows, as plain data."""
     from verispec.analysis import speedup
-    from verispec.bench.runner import alpha_from_positions
 
     stats = final.stats
     drafted_steps = [r for r in records if r.num_passes > 0]
@@ -110,7 +109,7 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     verify = statistics.median(r.verify_seconds for r in clean) if clean else None
     c = draft_pass / verify if draft_pass is not None and verify else None
     mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
-    alpha = alpha_from_positions(stats.acceptance_per_position)
+    alpha = stats.alpha  # (maximum likelihood over the chains as drafted: K varies per step)
     predicted = speedup(alpha, round(mean_k), c) if c is not None and alpha is not None and round(mean_k) > 0 else None
     return {
         "text": final.text,
@@ -121,7 +120,11 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
         "target": pipe.target.name,
         "draft": pipe.draft.name if pipe.draft is not None else None,
         "drafter": pipe.engine.drafter.name,
-        "spec": stats.as_dict() | {"acceptance_per_position": stats.acceptance_per_position},
+        "spec": stats.as_dict()
+        | {
+            "acceptance_per_position": stats.acceptance_per_position,
+            "acceptance_where_drafted": stats.acceptance_where_drafted,
+        },
         "timings": final.timings,
         "measured_c": c,
         "draft_pass_s": draft_pass,
@@ -150,8 +153,10 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
         f"{spec['acceptance_rate']:.3f} ({spec['num_accepted_tokens']}/{spec['num_draft_tokens']})",
     )
     table.add_row("mean acceptance length", f"{spec['mean_acceptance_length']:.2f} tokens per target pass")
-    per_pos = ", ".join(f"{x:.2f}" for x in spec["acceptance_per_position"])
-    table.add_row("acceptance per position", per_pos or "-")
+    # (of the steps that drafted each position: the draft length is chosen per step)
+    per_pos = ", ".join(f"{x:.2f}" for x in spec["acceptance_where_drafted"])
+    reached = ", ".join(str(n) for n in spec["drafted_per_pos"])
+    table.add_row("acceptance per position", f"{per_pos} (of {reached} steps drafting it)" if per_pos else "-")
     if spec["rank_reached"]:  # trees: Sequoia's positional acceptance, what verispec analyze --tree-acceptance takes
         ranks = ", ".join(f"{x:.2f}" for x in spec["positional_acceptance"])
         table.add_row("acceptance by child rank", f"{ranks} (verispec analyze --tree-acceptance)")
