@@ -153,6 +153,43 @@ inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* xw, con
 #endif
 }
 
+#if VS_VEC_AVX2 && !defined(__AVXVNNI__)
+// acc += x in int16 lanes, in acc's register (GCC otherwise added into x's register and copied
+// the sum back, one extra instruction per multiply).
+inline void add16_into(__m256i& acc, __m256i x) { __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(x)); }
+
+// q4k_pair's plain AVX2 body for the N activation rows from m0 of a chunk of R: VPMADDUBSW (code x
+// activation byte, pairs summed in int16) into int16 accumulators, at most 8 groups x 2 x 15 x 127
+// = 30480 in magnitude (no saturation), widened to int32 once by VPMADDWD with ones.
+template <int R, int N>
+inline __attribute__((always_inline)) void q4k_avx2_rows(const __m256i (&nib)[8][4], const int32_t* xw, int m0,
+                                                         I16* s0, I16* s1) {
+  __m256i acc[N][4];
+#pragma GCC unroll 2
+  for (int n = 0; n < N; ++n)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) acc[n][i] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+  for (int g = 0; g < 8; ++g)
+#pragma GCC unroll 2
+    for (int n = 0; n < N; ++n) {
+      const __m256i lo = _mm256_set1_epi32(xw[g * R + m0 + n]), hi = _mm256_set1_epi32(xw[(8 + g) * R + m0 + n]);
+      add16_into(acc[n][0], _mm256_maddubs_epi16(nib[g][0], lo));
+      add16_into(acc[n][1], _mm256_maddubs_epi16(nib[g][1], hi));
+      add16_into(acc[n][2], _mm256_maddubs_epi16(nib[g][2], lo));
+      add16_into(acc[n][3], _mm256_maddubs_epi16(nib[g][3], hi));
+    }
+  const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 2
+  for (int n = 0; n < N; ++n) {
+    s0[m0 + n].lo = _mm256_madd_epi16(acc[n][0], ones);
+    s1[m0 + n].lo = _mm256_madd_epi16(acc[n][1], ones);
+    s0[m0 + n].hi = _mm256_madd_epi16(acc[n][2], ones);
+    s1[m0 + n].hi = _mm256_madd_epi16(acc[n][3], ones);
+  }
+}
+#endif
+
 // Q4_K: 8 groups of 64 bytes, byte 4r + j of group g holding the codes of two sub-blocks of row
 // r (low nibble: input 4g + j of the first, high nibble: of the second). For row m with words
 // words g = 0..7 (first sub-block's activation codes) and 8..15 (second's), word g at
@@ -213,22 +250,41 @@ inline void q4k_pair(const uint8_t* q, const int32_t* xw, I16* s0, I16* s1) {
     }
   }
 #elif VS_VEC_AVX2
-  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2; ++h) {
-    __m256i acc0[R], acc1[R];  // int16 pair sums: at most 8 * 3810 in magnitude
-    for (int m = 0; m < R; ++m) acc0[m] = acc1[m] = _mm256_setzero_si256();
-    for (int g = 0; g < 8; ++g) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * g + 32 * h));
-      const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-      for (int m = 0; m < R; ++m) {
-        acc0[m] = _mm256_add_epi16(acc0[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[g * R + m])));
-        acc1[m] = _mm256_add_epi16(acc1[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[(8 + g) * R + m])));
+  if constexpr (R == 1) {  // one row: each half's codes split where they are used
+    const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; ++h) {  // weight rows 0-7, then 8-15
+      __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();  // int16 pair sums
+      for (int g = 0; g < 8; ++g) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * g + 32 * h));
+        const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        acc0 = _mm256_add_epi16(acc0, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xw[g])));
+        acc1 = _mm256_add_epi16(acc1, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xw[8 + g])));
       }
+      (h ? s0[0].hi : s0[0].lo) = _mm256_madd_epi16(acc0, ones);
+      (h ? s1[0].hi : s1[0].lo) = _mm256_madd_epi16(acc1, ones);
     }
-    for (int m = 0; m < R; ++m) {
-      (h ? s0[m].hi : s0[m].lo) = _mm256_madd_epi16(acc0[m], ones);
-      (h ? s1[m].hi : s1[m].lo) = _mm256_madd_epi16(acc1[m], ones);
+  } else {
+    // Several rows: the record's codes split once into nibbles, nib[g] = {low codes of rows 0-7,
+    // high of rows 0-7, low of rows 8-15, high of rows 8-15} of group g, then two activation rows
+    // at a time multiply all four (q4k_avx2_rows): each activation word is broadcast once per
+    // group instead of once per half, and no accumulator leaves the registers. Whole passes of the
+    // 1.5B against splitting per half (benchmarks/kernels_ab.py, avx2 tier forced on Zen 5): T = 2
+    // 0.88x, T = 3 0.76x, T = 5 0.96x the time; two rows are now memory-bound, and from three on
+    // the multiplier pipes bound both (VPMADDUBSW, VPMADDWD and the fp32 epilogue share them).
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m256i nib[8][4];
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * g));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * g + 32));
+      nib[g][0] = _mm256_and_si256(v0, nibble);
+      nib[g][1] = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble);
+      nib[g][2] = _mm256_and_si256(v1, nibble);
+      nib[g][3] = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble);
     }
+#pragma GCC unroll 8
+    for (int m0 = 0; m0 + 1 < R; m0 += 2) q4k_avx2_rows<R, 2>(nib, xw, m0, s0, s1);
+    if constexpr (R % 2 == 1) q4k_avx2_rows<R, 1>(nib, xw, R - 1, s0, s1);
   }
 #elif VS_VEC_NEON
   const uint8x16_t nibble = vdupq_n_u8(0x0F);
