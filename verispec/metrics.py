@@ -9,6 +9,7 @@ Definitions follow vLLM's spec-decode metrics (``vllm/v1/spec_decode/metrics.py`
   per step, position ``i + 1`` is not drafted in every step: ``accepted_per_pos[i] /
   drafted_per_pos[i]`` is its acceptance where it was drafted);
 - ``num_rejected``: steps that ended at a rejected draft token (the others accepted every one);
+  both count draft tokens, so for trees (every node counted) they describe chains only;
 - acceptance rate AR = accepted / drafted;
 - mean acceptance length AL = 1 + accepted / drafts: output tokens per step, the recovered or
   bonus token included.
@@ -73,7 +74,7 @@ class SpecStats:
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
-        self.num_rejected += num_accepted < num_draft_tokens
+        self.num_rejected += int(num_accepted < num_draft_tokens)
         _grow(self.accepted_per_pos, num_draft_tokens)
         _grow(self.drafted_per_pos, num_draft_tokens)
         for i in range(num_accepted):

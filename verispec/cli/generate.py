@@ -153,10 +153,13 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
         f"{spec['acceptance_rate']:.3f} ({spec['num_accepted_tokens']}/{spec['num_draft_tokens']})",
     )
     table.add_row("mean acceptance length", f"{spec['mean_acceptance_length']:.2f} tokens per target pass")
-    # (of the steps that drafted each position: the draft length is chosen per step)
-    per_pos = ", ".join(f"{x:.2f}" for x in spec["acceptance_where_drafted"])
-    reached = ", ".join(str(n) for n in spec["drafted_per_pos"])
-    table.add_row("acceptance per position", f"{per_pos} (of {reached} steps drafting it)" if per_pos else "-")
+    if spec["rank_reached"]:  # trees: the share of steps whose accepted path reached each depth
+        per_pos = ", ".join(f"{x:.2f}" for x in spec["acceptance_per_position"])
+        table.add_row("acceptance per depth", per_pos or "-")
+    else:  # chains: of the steps that drafted each position (the draft length is chosen per step)
+        per_pos = ", ".join(f"{x:.2f}" for x in spec["acceptance_where_drafted"])
+        reached = ", ".join(str(n) for n in spec["drafted_per_pos"])
+        table.add_row("acceptance per position", f"{per_pos} (of {reached} steps drafting it)" if per_pos else "-")
     if spec["rank_reached"]:  # trees: Sequoia's positional acceptance, what verispec analyze --tree-acceptance takes
         ranks = ", ".join(f"{x:.2f}" for x in spec["positional_acceptance"])
         table.add_row("acceptance by child rank", f"{ranks} (verispec analyze --tree-acceptance)")

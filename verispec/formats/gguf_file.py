@@ -132,7 +132,6 @@ class _Cursor:
                         break
                     append(bytes(buf[pos : pos + n]).decode("utf-8"))
                     pos += n
-                done = len(out)
             else:  # only the lengths, to find where the array ends
                 for done in range(count):  # noqa: B007 (done counts the strings stepped over)
                     (n,) = unpack("<Q", buf, pos)
@@ -146,6 +145,8 @@ class _Cursor:
         except UnicodeDecodeError as exc:
             raise ModelLoadError(f"{self.path}: {what}[{len(out)}] is not valid UTF-8 ({exc})") from exc
         self.pos = pos
+        if self.strings:
+            done = len(out)
         if done != count:
             raise self._truncated(f"{what}[{done}]", 8)
         return out if self.strings else None
