@@ -99,6 +99,21 @@ def test_calibration_is_measured_once_and_cached(tmp_path: Path, monkeypatch: py
     assert again.seconds == table.seconds
 
 
+def test_calibration_times_every_width_in_each_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow spell of a shared machine must slow all widths alike, not the one timed then."""
+    target, _ = tiny_pair(8)
+    shapes: list[tuple[int, ...]] = []
+    forward = target.forward
+
+    def logged(tokens, *args, **kwargs):  # type: ignore[no-untyped-def]
+        shapes.append(tuple(tokens.shape))
+        return forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", logged)
+    calib.calibrate(target, batch_sizes=(1, 2), widths=(1, 3), repeats=2, context=8)
+    assert shapes[1:] == [(1, 1), (1, 3), (2, 1), (2, 3)] * 3  # after the prefill: round by round
+
+
 def test_a_catch_up_pass_is_no_sample_of_the_draft_cost() -> None:
     """Draft time spent feeding a prompt, or tokens committed while speculation was off, must not
     teach the policy that drafting is expensive (it would switch itself off for good)."""

@@ -99,14 +99,16 @@ def calibrate(
     batch_sizes: Sequence[int] = (1,),
     widths: Sequence[int] = (1, 2, 3, 5, 9),
     context: int = 64,
-    repeats: int = 2,
+    repeats: int = 3,
     key: str = "",
     progress: ProgressFn | None = None,
 ) -> CostTable:
     """Time target passes (median of ``repeats`` after one warm-up) over the grid; ``progress``
     is called as ``progress("calibrate", passes done, passes in all)`` after each pass. The
-    policy refines these from the real steps' times, so a coarse grid is enough."""
-    seconds: dict[tuple[int, int], float] = {}
+    policy refines these from the real steps' times, so a coarse grid is enough; what it keeps
+    from the grid is how the widths compare, so each round times every width in turn (on a
+    shared machine a slow spell then slows all widths alike, where timing one width after the
+    other let a slow spell land on one width alone)."""
     max_batch = max(batch_sizes)
     cache = model.new_cache(max_batch, context + max(widths) + 1)
     slots = [cache.add_sequence() for _ in range(max_batch)]
@@ -118,21 +120,21 @@ def calibrate(
     model.forward(prompt, None, cache, slots=slots, logits_at=last)
     if progress is not None:
         progress("calibrate", done, total)
-    for batch in batch_sizes:
-        for width in widths:
-            tokens = torch.randint(0, vocab, (batch, width), generator=gen).to(model.device)
-            times = []
-            for r in range(repeats + 1):
+    times: dict[tuple[int, int], list[float]] = {(b, w): [] for b in batch_sizes for w in widths}
+    for r in range(repeats + 1):  # (round 0 warms up)
+        for batch in batch_sizes:
+            for width in widths:
+                tokens = torch.randint(0, vocab, (batch, width), generator=gen).to(model.device)
                 start = time.perf_counter()
                 model.forward(tokens, None, cache, slots=slots[:batch])
                 elapsed = time.perf_counter() - start
                 cache.truncate([context] * batch, slots[:batch])
                 if r > 0:
-                    times.append(elapsed)
+                    times[(batch, width)].append(elapsed)
                 done += 1
                 if progress is not None:
                     progress("calibrate", done, total)
-            seconds[(batch, width)] = statistics.median(times)
+    seconds = {cell: statistics.median(samples) for cell, samples in times.items()}
     return CostTable(seconds, context, key)
 
 
