@@ -169,6 +169,8 @@ inline __attribute__((always_inline)) void q4k_avx2_rows(const __m256i (&nib)[8]
   for (int n = 0; n < N; ++n)
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) acc[n][i] = _mm256_setzero_si256();
+  // (not unrolled: unrolled, GCC reassociated the int16 sums, computed every product first and
+  // spilled them to the stack)
 #pragma GCC unroll 1
   for (int g = 0; g < 8; ++g)
 #pragma GCC unroll 2
