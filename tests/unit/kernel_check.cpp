@@ -59,24 +59,17 @@ std::vector<float> activations(int64_t m, int64_t k) {
 }
 
 struct Quantized {
-  std::vector<int8_t> xq;
-  std::vector<float> scale, xmin;
-  std::vector<int32_t> sum;
-  std::vector<uint32_t> rows;
+  std::vector<uint8_t> buffer;
   W8A8Args a{};
 };
 
 // bindings.cpp's quantized_args, without torch: x quantised, Q4_K's mins, the interleaved rows,
 // the activation blocks in two calls (as two threads split them).
 void quantize(const std::vector<float>& x, int64_t m, int64_t k, bool q4k, Quantized& z) {
-  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
-  z.xq.resize(m * k);
-  z.scale.resize(m * nblk);
-  z.sum.resize(m * halves);
-  z.xmin.resize(m * halves);
-  z.rows.resize(m * activation_row_words(k, q4k));
-  const ActivationBuffers out{z.xq.data(), z.scale.data(), z.sum.data(), q4k ? z.xmin.data() : nullptr,
-                              m > 1 ? z.rows.data() : nullptr};
+  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block;
+  const ActivationLayout layout = activation_layout(m, k, q4k, true);
+  z.buffer.resize(layout.bytes);
+  const ActivationBuffers out = activation_buffers_at(z.buffer.data(), layout);
   quantize_activations(x.data(), false, m, k, k, out, 0, nblk / 2);
   quantize_activations(x.data(), false, m, k, k, out, nblk / 2, nblk);
   point_at_activations(out, m, k, z.a);
@@ -125,14 +118,15 @@ void projections() {
       Quantized z;
       quantize(x, m, k, q, z);
       // (the interleaved copies depend on the tier's chunk of rows; the values they hold do not)
+      const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
       std::snprintf(name, sizeof name, "quantize m=%" PRId64 " q4k=%d codes", m, q);
-      report(name, z.xq);
+      report(name, std::vector<int8_t>(z.a.xq, z.a.xq + m * k));
       std::snprintf(name, sizeof name, "quantize m=%" PRId64 " q4k=%d scales", m, q);
-      report(name, z.scale);
+      report(name, std::vector<float>(z.a.xscale, z.a.xscale + m * nblk));
       std::snprintf(name, sizeof name, "quantize m=%" PRId64 " q4k=%d sums", m, q);
-      report(name, z.sum);
+      report(name, std::vector<int32_t>(z.a.xsum, z.a.xsum + m * halves));
       std::snprintf(name, sizeof name, "quantize m=%" PRId64 " q4k=%d mins", m, q);
-      report(name, z.xmin);
+      report(name, q ? std::vector<float>(z.a.xmin, z.a.xmin + m * halves) : std::vector<float>(m * halves));
       for (bool out_bf16 : {false, true}) {
         std::vector<float> y(m * n);
         std::vector<uint16_t> yb(m * n);

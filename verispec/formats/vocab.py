@@ -118,14 +118,12 @@ def check_compatible(target: VocabModel, draft: VocabModel) -> SharedVocab:
                 f"{model.logits_width} logits; the tokenizer does not belong to this model"
             )
     n_t, n_d = target.vocab_size, draft.vocab_size
-    first = None
-    if t_tok.backend is not d_tok.backend:  # (one tokenizer.json for both has the same texts)
-        t_texts, d_texts = _texts(t_tok, n_t), _texts(d_tok, n_d)
-        first = next((i for i in range(min(n_t, n_d)) if t_texts[i] != d_texts[i]), None)
+    same = t_tok.backend is d_tok.backend  # (one tokenizer.json for both: the same texts)
+    t_texts, d_texts = ([], []) if same and n_t == n_d else (_texts(t_tok, n_t), _texts(d_tok, n_d))
+    first = None if same else next((i for i in range(min(n_t, n_d)) if t_texts[i] != d_texts[i]), None)
     if first is None and n_t != n_d:
         first = min(n_t, n_d)
     if first is not None:  # also when the sizes differ
-        t_texts, d_texts = _texts(t_tok, n_t), _texts(d_tok, n_d)
         t_text = t_texts[first] if first < n_t else None
         d_text = d_texts[first] if first < n_d else None
         raise IncompatibleModelsError(

@@ -68,13 +68,12 @@ void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.size(1) % 32 == 0, "x rows must have a multiple of 32 inputs, got ", x.size(1));
 }
 
-// x quantised for the int8 / Q4_K kernels: what W8A8Args points into, kept for the call: one byte
-// buffer holding xq, the scales, the sums, Q4_K's mins and the interleaved copies in turn (one
-// allocation per call instead of five: a draft pass makes ~100 of these calls).
+// x quantised for the int8 / Q4_K kernels: what W8A8Args points into, kept for the call, in one
+// byte buffer (activation_layout: one allocation per call instead of five; a draft pass makes ~100
+// of these calls).
 struct Quantized {
   at::Tensor x, buffer;
   ActivationBuffers buffers{};
-  int64_t offsets[5] = {0, 0, 0, 0, 0};  // bytes: xq, scale, sum, xmin, rows
 };
 
 // x [M, x_cols] quantised as k inputs (zeros from x_cols on: a Q4_K input padded to whole
@@ -85,21 +84,10 @@ void quantize_into(const at::Tensor& x, int64_t k, bool q4k, bool interleave, Qu
   TORCH_CHECK(x.size(1) <= k, "x has ", x.size(1), " inputs, more than the ", k, " of the weights");
   keep.x = x.contiguous();
   const int64_t m = x.size(0), x_cols = x.size(1), nblk = (k + kW8A8Block - 1) / kW8A8Block;
-  const int64_t sizes[5] = {m * k, 4 * m * nblk, 4 * m * (k / 32), q4k ? 4 * m * (k / 32) : 0,
-                            interleave && m > 1 ? 4 * m * activation_row_words(k, q4k) : 0};
-  int64_t total = 0;
-  for (int i = 0; i < 5; ++i) {
-    keep.offsets[i] = total;
-    total += (sizes[i] + 63) / 64 * 64;  // each part on its own cache lines
-  }
-  keep.buffer = at::empty({total}, x.options().dtype(at::kByte));
-  uint8_t* base = keep.buffer.data_ptr<uint8_t>();
-  ActivationBuffers& out = keep.buffers;
-  out.xq = reinterpret_cast<int8_t*>(base + keep.offsets[0]);
-  out.scale = reinterpret_cast<float*>(base + keep.offsets[1]);
-  out.sum = reinterpret_cast<int32_t*>(base + keep.offsets[2]);
-  out.xmin = q4k ? reinterpret_cast<float*>(base + keep.offsets[3]) : nullptr;
-  out.rows = sizes[4] ? reinterpret_cast<uint32_t*>(base + keep.offsets[4]) : nullptr;
+  const ActivationLayout layout = activation_layout(m, k, q4k, interleave);
+  keep.buffer = at::empty({layout.bytes}, x.options().dtype(at::kByte));
+  keep.buffers = activation_buffers_at(keep.buffer.data_ptr<uint8_t>(), layout);
+  const ActivationBuffers& out = keep.buffers;
   const void* xp = keep.x.data_ptr();
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   at::parallel_for(0, nblk, grain_for(m * kW8A8Block),
@@ -112,10 +100,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> w8a8_quantize_rows(const at::Tens
   Quantized keep;
   quantize_into(x, x.size(1), false, false, keep);
   const int64_t m = x.size(0), k = x.size(1), nblk = (k + kW8A8Block - 1) / kW8A8Block;
-  auto part = [&](int i, int64_t bytes, at::ScalarType type, int64_t cols) {
-    return keep.buffer.narrow(0, keep.offsets[i], bytes).view(type).view({m, cols}).clone();
+  const ActivationLayout layout = activation_layout(m, k, false, false);
+  auto part = [&](int64_t offset, int64_t bytes, at::ScalarType type, int64_t cols) {
+    return keep.buffer.narrow(0, offset, bytes).view(type).view({m, cols}).clone();
   };
-  return {part(0, m * k, at::kChar, k), part(1, 4 * m * nblk, at::kFloat, nblk), part(2, 4 * m * (k / 32), at::kInt, k / 32)};
+  return {part(layout.xq, m * k, at::kChar, k), part(layout.scale, 4 * m * nblk, at::kFloat, nblk),
+          part(layout.sum, 4 * m * (k / 32), at::kInt, k / 32)};
 }
 
 // The W8A8Args of x and y (the weights' fields are the caller's): x quantised, Q4_K's mins when

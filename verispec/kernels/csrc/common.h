@@ -83,10 +83,11 @@ void interleave_rows(const uint32_t* src, int64_t m, int64_t per_row, int chunk,
 int vector_chunk_rows();  // activation rows the vector kernels take per pass over a weight block
 
 // Where one call's quantised activations go: the [M, ...] arrays of W8A8Args (xmin only for
-// Q4_K, else null) and, when the vector kernels read interleaved rows (M > 1), one buffer `rows`
-// of M * activation_row_words(k, q4k) elements holding their interleaved copies in turn (xq's
-// words, the scales, the sums, the mins). quantize_activations fills activation blocks [b0, b1)
-// of every row of x [M, x_cols] (zeros from x_cols to k, see w8a8_quantize); disjoint block ranges touch disjoint elements, so threads may share a call.
+// Q4_K, else null) and, when the vector kernels read interleaved rows (M > 1), one array `rows`
+// holding their interleaved copies in turn (xq's words, the scales, the sums, the mins).
+// quantize_activations fills activation blocks [b0, b1) of every row of x [M, x_cols] (zeros from
+// x_cols to k, see w8a8_quantize); disjoint block ranges touch disjoint elements, so threads may
+// share a call.
 struct ActivationBuffers {
   int8_t* xq;
   float* scale;
@@ -94,9 +95,16 @@ struct ActivationBuffers {
   float* xmin;
   uint32_t* rows;
 };
-int64_t activation_row_words(int64_t k, bool q4k);
 void quantize_activations(const void* x, bool bf16, int64_t m, int64_t x_cols, int64_t k, const ActivationBuffers& out,
                           int64_t b0, int64_t b1);
+// All of them in one byte buffer of `bytes`, each part on its own cache lines: the byte offsets of
+// xq, scale, sum, xmin (-1 unless q4k) and rows (-1 unless interleave and m > 1) for m rows of k
+// inputs, and the buffers at those offsets from `base`.
+struct ActivationLayout {
+  int64_t xq, scale, sum, xmin, rows, bytes;
+};
+ActivationLayout activation_layout(int64_t m, int64_t k, bool q4k, bool interleave);
+ActivationBuffers activation_buffers_at(uint8_t* base, const ActivationLayout& layout);
 // W8A8Args' activation fields (xq .. xmin_rows) for buffers quantize_activations has filled (the
 // *_rows ones null when M > 1 without interleaved copies: for the AMX tiles only).
 void point_at_activations(const ActivationBuffers& in, int64_t m, int64_t k, W8A8Args& a);

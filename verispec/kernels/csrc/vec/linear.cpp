@@ -49,15 +49,16 @@ struct Tiling {
 #if VS_VEC_AVX512
 constexpr int kChunk = 8;  // activation rows per pass over a weight block (int8, Q4_K)
 constexpr Tiling kFewRows{4, 4, 1024}, kManyRows{2, 8, 4096};  // 16 or 32 vector registers
-#elif VS_VEC_AVX2 && !defined(__AVXVNNI__)
-// 8 rows a chunk: with 4, a fifth row was a chunk of its own, splitting every Q4_K record again
-// for one row (whole 1.5B passes, new / old: int4 T = 5 0.85, T = 8 0.93; int8 T = 5 0.87;
-// benchmarks/kernels_ab.py, avx2 tier forced on Zen 5). The avx2vnni kernels keep 4: their
-// accumulators for 8 rows would not fit in 16 registers.
-constexpr int kChunk = 8;
-constexpr Tiling kFewRows{2, 2, 4096}, kManyRows{1, 4, 4096};  // 16 registers: (2 x 2 spills a little, but streams two)
 #elif VS_VEC_AVX2
+// Plain AVX2 takes 8 rows a chunk: with 4, a fifth row was a chunk of its own, splitting every Q4_K
+// record again for one row (whole 1.5B passes, new / old: int4 T = 5 0.85, T = 8 0.93; int8 T = 5
+// 0.87; benchmarks/kernels_ab.py, avx2 tier forced on Zen 5). The avx2vnni kernels keep 4: their
+// accumulators for 8 rows would not fit in 16 registers.
+#if defined(__AVXVNNI__)
 constexpr int kChunk = 4;
+#else
+constexpr int kChunk = 8;
+#endif
 constexpr Tiling kFewRows{2, 2, 4096}, kManyRows{1, 4, 4096};  // 16 registers: (2 x 2 spills a little, but streams two)
 #else  // NEON (32 registers of 4 lanes: an F16 takes 4) and plain C++ (distances not measured there)
 constexpr int kChunk = 4;

@@ -59,12 +59,14 @@ void interleave_rows(const uint32_t* src, int64_t m, int64_t per_row, int chunk,
   }
 }
 
-int64_t activation_row_words(int64_t k, bool q4k) {
-  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
-  return k / 4 + nblk + halves + (q4k ? halves : 0);
-}
-
 namespace {
+
+// Elements (4 bytes each: xq's codes 4 to a word) per row of xq, the scales, the sums and Q4_K's
+// mins.
+std::array<int64_t, 4> row_elements(int64_t k) {
+  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
+  return {k / 4, nblk, halves, halves};
+}
 
 // One of the four [M, per_row] arrays of quantised activations (xq's words, the scales, the sums,
 // Q4_K's mins; src null when absent), the place of its interleaved copy in the rows buffer, and how
@@ -76,11 +78,11 @@ struct ActivationPart {
 };
 
 std::array<ActivationPart, 4> parts_of(const ActivationBuffers& b, int64_t m, int64_t k) {
-  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block, halves = k / 32;
-  std::array<ActivationPart, 4> parts{{{reinterpret_cast<const uint32_t*>(b.xq), k / 4, 16, nullptr},
-                                       {reinterpret_cast<const uint32_t*>(b.scale), nblk, 1, nullptr},
-                                       {reinterpret_cast<const uint32_t*>(b.sum), halves, 2, nullptr},
-                                       {reinterpret_cast<const uint32_t*>(b.xmin), halves, 2, nullptr}}};
+  const auto e = row_elements(k);
+  std::array<ActivationPart, 4> parts{{{reinterpret_cast<const uint32_t*>(b.xq), e[0], 16, nullptr},
+                                       {reinterpret_cast<const uint32_t*>(b.scale), e[1], 1, nullptr},
+                                       {reinterpret_cast<const uint32_t*>(b.sum), e[2], 2, nullptr},
+                                       {reinterpret_cast<const uint32_t*>(b.xmin), e[3], 2, nullptr}}};
   uint32_t* at = b.rows;
   for (auto& part : parts)
     if (at && part.src) {
@@ -101,6 +103,29 @@ void quantize_activations(const void* x, bool bf16, int64_t m, int64_t x_cols, i
     if (part.copy)
       interleave_rows(part.src, m, part.per_row, vector_chunk_rows(), part.copy, part.per_block * b0,
                       std::min(part.per_block * b1, part.per_row));
+}
+
+ActivationLayout activation_layout(int64_t m, int64_t k, bool q4k, bool interleave) {
+  const auto e = row_elements(k);
+  ActivationLayout layout{-1, -1, -1, -1, -1, 0};
+  auto place = [&](int64_t elements) {
+    const int64_t at = layout.bytes;
+    layout.bytes += (4 * m * elements + 63) / 64 * 64;
+    return at;
+  };
+  layout.xq = place(e[0]);
+  layout.scale = place(e[1]);
+  layout.sum = place(e[2]);
+  if (q4k) layout.xmin = place(e[3]);
+  if (interleave && m > 1) layout.rows = place(e[0] + e[1] + e[2] + (q4k ? e[3] : 0));
+  return layout;
+}
+
+ActivationBuffers activation_buffers_at(uint8_t* base, const ActivationLayout& layout) {
+  auto at = [&](int64_t offset) -> void* { return offset < 0 ? nullptr : base + offset; };
+  return {static_cast<int8_t*>(at(layout.xq)), static_cast<float*>(at(layout.scale)),
+          static_cast<int32_t*>(at(layout.sum)), static_cast<float*>(at(layout.xmin)),
+          static_cast<uint32_t*>(at(layout.rows))};
 }
 
 void point_at_activations(const ActivationBuffers& in, int64_t m, int64_t k, W8A8Args& a) {
