@@ -58,6 +58,13 @@ def diagnose(measure_bandwidth: bool = True) -> dict[str, Any]:
     except ConfigError as exc:
         kernels |= {"status": "failed", "error": str(exc)}
     kernels["supported"] = kernels["status"] == "ready"
+    root = build.cache_dir()
+    folders = [f for f in root.iterdir() if f.is_dir()] if root.is_dir() else []
+    kernels["cache"] = {
+        "path": str(root),
+        "builds": len(folders),
+        "mb": round(sum(f.stat().st_size for d in folders for f in d.rglob("*") if f.is_file()) / 1e6, 1),
+    }
     if kernels["supported"]:
         from verispec.pipeline import machine_defaults
 
@@ -101,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("cpu", f"{report['cpu']} ({report['machine']}, {report['cores']} cores)")
     table.add_row("instructions", ", ".join(report["features"]) or "-")
     table.add_row("verispec kernels", status)
+    cache = k["cache"]
+    table.add_row(
+        "kernel builds", f"{cache['builds']} in {cache['path']} ({cache['mb']:.0f} MB; a new build removes stale ones)"
+    )
     table.add_row("torch", f"{report['torch']}, {report['torch_threads']} threads")
     bw = report["read_bandwidth_gbps"]
     table.add_row(

@@ -6,7 +6,10 @@ with OpenMP, driven by ninja) into ``$VERISPEC_HOME/kernels/<key>/`` (default
 ``~/.cache/verispec/kernels``), where ``key`` hashes the tier, its sources (and their folder), the
 flags and the torch and Python versions: a first build takes about a minute (logged as it starts), later
 processes import the cached library in well under a second. A file lock (``kernels/.lock``,
-released by the OS if a process dies) serialises concurrent builds.
+released by the OS if a process dies) serialises concurrent builds. Each folder names the sources it
+was built from (``SOURCES_FILE``); a fresh build removes the folders that can no longer be loaded
+(:func:`prune_stale`: its own install's earlier versions, installs that are gone), so the cache does
+not grow by a build of every version ever run.
 
 :func:`load` builds the tier :func:`~verispec.kernels.dispatch.selected` picks (the fastest this
 CPU executes, or ``$VERISPEC_ISA``'s) unless told another; it raises
@@ -41,6 +44,10 @@ COMMON_FLAGS = (
     "-fopenmp",  # at::parallel_for is an OpenMP region compiled into the extension
 )
 _FALLBACK = "use --dtype bf16 (or fp32), which runs on torch's kernels"
+#: The file in a build folder that names the sources folder and the runtime it was built from.
+SOURCES_FILE = "sources"
+#: A folder from before ``SOURCES_FILE`` existed is removed once it is this old (its owner rebuilds it).
+UNNAMED_MAX_AGE_S = 7 * 24 * 3600
 
 
 class _State:
@@ -80,8 +87,18 @@ def build_key(tier: Tier | None = None) -> str:
     for name in (*HEADERS, *tier.sources):
         digest.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes() + b"\0")
     digest.update(" ".join(flags_of(tier)).encode())
-    digest.update(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}".encode())
+    digest.update(_runtime().encode())
     return digest.hexdigest()[:16]
+
+
+def _runtime() -> str:
+    """The torch and Python versions and the machine a build is for (part of its key)."""
+    return f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}"
+
+
+def _marker() -> str:
+    """What ``SOURCES_FILE`` holds: the sources folder, then the runtime it was built for."""
+    return f"{SOURCE_DIR.resolve()}\n{_runtime()}\n"
 
 
 def check_buildable(tier: Tier) -> None:
@@ -105,6 +122,37 @@ def check_buildable(tier: Tier) -> None:
             "the int4/int8 kernels are compiled on first use with ninja, which is not installed: "
             f"`pip install ninja`, or {_FALLBACK}"
         )
+
+
+def prune_stale(root: Path, keep: Path) -> list[Path]:
+    """Remove the build folders under ``root`` (other than ``keep``) that nothing can load any more,
+    and return them: those built from this install's sources for this runtime whose key the sources
+    and flags no longer give (an earlier version), those whose sources folder is gone (a deleted
+    checkout or virtual environment), and unnamed ones older than ``UNNAMED_MAX_AGE_S``. The builds
+    of another install, or of this one for another torch or Python, are theirs to prune. Call it
+    holding the ``root`` lock (no build runs meanwhile)."""
+    here, runtime = str(SOURCE_DIR.resolve()), _runtime()
+    removed = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        if not folder.is_dir() or folder == keep or "-" not in folder.name:
+            continue
+        tier_name, _, key = folder.name.partition("-")
+        marker = folder / SOURCES_FILE
+        if marker.is_file():
+            sources, _, built_for = marker.read_text().strip().partition("\n")
+            if sources == here and built_for == runtime:
+                try:
+                    stale = key != build_key(by_name(tier_name))
+                except (ConfigError, OSError):  # a tier this version no longer has
+                    stale = True
+            else:
+                stale = not Path(sources).is_dir()
+        else:
+            stale = time.time() - folder.stat().st_mtime > UNNAMED_MAX_AGE_S
+        if stale:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 #: The lock file torch.utils.cpp_extension's builder holds in a build folder while it compiles.
@@ -177,6 +225,14 @@ def load(home: Path | None = None, tier: str | None = None) -> Any:
                 f"building the {chosen.name} kernels in {folder} failed ({lines[-1][:300]}; the compiler output "
                 f"is logged above): check that g++ >= 11 is installed, or {_FALLBACK}"
             ) from exc
+        if not (folder / SOURCES_FILE).is_file():
+            partial = folder / f"{SOURCES_FILE}.{os.getpid()}"
+            partial.write_text(_marker())
+            os.replace(partial, folder / SOURCES_FILE)  # whole or absent
+        if fresh:
+            removed = prune_stale(root, keep=folder)
+            if removed:
+                logger.info("removed %d kernel builds nothing loads any more from %s", len(removed), root)
     seconds = time.perf_counter() - start
     if fresh:
         logger.warning("compiled the kernels in %.0f s", seconds)
