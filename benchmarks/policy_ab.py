@@ -1,10 +1,12 @@
-"""A/B of the draft-length policy's starting estimate for draft positions not reached yet.
+"""A/B of the draft-length policy's acceptance estimate, with fixed draft lengths as yardsticks.
 
-"old": a fixed 0.6 (re-implemented here as the reference); "new": the estimate of the position
-before (:class:`verispec.engine.policy.MeasuredPolicy` today). One process, the default pair at
-the machine's defaults, a fresh policy per generation, greedy, 128 tokens, plain / old / new in
-rotating order per repeat; tok/s counts the prompt's prefill too. Asserts that all three give the
-same tokens.
+"old": each position's record shrunk towards the estimate of the position before, position 1
+towards a fixed 0.6 (re-implemented here as the reference); "new": each position shrunk towards
+the acceptance pooled over all positions (:class:`verispec.engine.policy.MeasuredPolicy` today);
+"k2", "k3", "k4": a fixed draft length. One process, the default pair at the machine's defaults,
+a fresh policy per generation (a cold start, as each ``verispec generate`` is), greedy, 128
+tokens, every variant and plain in rotating order per repeat; tok/s counts the prompt's prefill
+too. Asserts that all give the same tokens.
 
     python benchmarks/policy_ab.py --set humaneval --prompts 8 --repeats 2 --json out.json
     python benchmarks/policy_ab.py --text "def quicksort(arr):" --repeats 4 --json out.json
@@ -21,23 +23,30 @@ from pathlib import Path
 from verispec.bench.prompts import prompt_set
 from verispec.config import SamplingParams
 from verispec.engine.calibrate import load_or_calibrate
-from verispec.engine.policy import MeasuredPolicy
+from verispec.engine.policy import FixedPolicy, MeasuredPolicy
 from verispec.formats.registry import verispec_home
 from verispec.pipeline import build, machine_defaults
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
-def fixed_prior_acceptance(self: MeasuredPolicy, request_id: str | None = None) -> list[float]:
-    """The policy's estimate before the change: every position from the same fixed prior."""
+def previous_position_acceptance(self: MeasuredPolicy, request_id: str | None = None) -> list[float]:
+    """The policy's estimate before the change: position 1 from a fixed prior, each later one
+    from the engine-wide estimate of the position before it."""
     out = []
+    start = self.prior_accept
     for i in range(self.max_k):
-        prior = (self.passed[i] + self.prior_accept * self.prior_weight) / (self.reached[i] + self.prior_weight)
+        engine = (self.passed[i] + start * self.prior_weight) / (self.reached[i] + self.prior_weight)
+        estimate = engine
         if request_id is not None and request_id in self.per_request:
             reached, passed = self.per_request[request_id]
-            prior = (passed[i] + prior * self.prior_weight) / (reached[i] + self.prior_weight)
-        out.append(min(max(prior, 0.0), 0.999))
+            estimate = (passed[i] + engine * self.prior_weight) / (reached[i] + self.prior_weight)
+        out.append(min(max(estimate, 0.0), 0.999))
+        start = min(max(engine, 0.0), 0.999)
     return out
+
+
+VARIANTS = ("old", "new", "k2", "k3", "k4", "plain")
 
 
 def main() -> None:
@@ -62,11 +71,14 @@ def main() -> None:
         ids = spec.target.tokenizer.encode(text)
         outputs = {}
         for rep in range(args.repeats):
-            for name in ("old", "new", "plain") if rep % 2 == 0 else ("plain", "new", "old"):
+            for name in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
                 engine = plain
-                if name != "plain":
-                    MeasuredPolicy.acceptance = fixed_prior_acceptance if name == "old" else current  # type: ignore[method-assign]
+                if name in ("old", "new"):
+                    MeasuredPolicy.acceptance = previous_position_acceptance if name == "old" else current  # type: ignore[method-assign]
                     spec.engine.policy = MeasuredPolicy(spec.engine.config.max_draft_tokens, costs=costs)
+                    engine = spec.engine
+                elif name != "plain":
+                    spec.engine.policy = FixedPolicy(int(name[1:]))
                     engine = spec.engine
                 start = time.perf_counter()
                 out = engine.generate([ids], [params])[0]
@@ -79,9 +91,9 @@ def main() -> None:
     summary = {
         name: [statistics.median(r["tok_s"] for r in rows if r["prompt"] == pi and r["policy"] == name)
                for pi in range(len(prompts))]
-        for name in ("plain", "old", "new")
+        for name in VARIANTS
     }  # fmt: skip
-    for name in ("old", "new"):
+    for name in VARIANTS[:-1]:
         ratios = [a / b for a, b in zip(summary[name], summary["plain"], strict=True)]
         print(f"{name}: median speedup over plain {statistics.median(ratios):.3f}", [f"{r:.2f}" for r in ratios])
     if args.json is not None:

@@ -45,8 +45,9 @@ def test_flat_verification_and_good_acceptance_speculates() -> None:
 
 
 def test_high_acceptance_at_k_1_makes_longer_drafts_worth_trying() -> None:
-    """Positions never reached start from the one before them: after many one-token drafts all
-    accepted, the policy tries longer drafts (a fixed 0.6 prior for position 2 kept it at K = 1)."""
+    """Positions never reached start from the acceptance pooled over positions: after many
+    one-token drafts all accepted, the policy tries longer drafts (a fixed 0.6 prior for position
+    2 kept it at K = 1)."""
     policy = MeasuredPolicy(8, costs=costs({1: 0.035, 2: 0.036, 3: 0.038, 4: 0.041, 5: 0.044, 9: 0.06}))
     batch = requests(1)
     for _ in range(60):
@@ -230,3 +231,27 @@ def test_estimates_that_round_past_one_still_plan() -> None:
     policy = TreePolicy(16, 6, prior=(0.7655, 0.1455, 0.0575, 0.0295), costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1}))
     policy.draft_pass[1].update(0.001)
     assert policy.draft_lengths(requests(1), [100])[0] > 0  # (rounded to the percent these would sum past 1)
+
+
+def test_one_early_rejection_does_not_hold_the_draft_at_one_token() -> None:
+    """Position 2 rejected at the first step, then one-token drafts all accepted: position 2's
+    estimate follows the pooled acceptance back up and longer drafts are tried again (shrunk
+    towards position 1's prior-laden estimate instead, it stayed near 0.5 and K at 1)."""
+    policy = MeasuredPolicy(8, costs=costs({1: 0.030, 2: 0.032, 3: 0.033, 5: 0.035, 9: 0.05}))
+    batch = requests(1)
+    policy.observe(batch, [2], [1], draft_seconds=0.02, verify_seconds=0.032)  # position 2 rejected
+    for _ in range(12):
+        policy.observe(batch, [1], [1], draft_seconds=0.008, verify_seconds=0.032)
+    assert policy.acceptance("r0")[1] > 0.75
+    assert policy.draft_lengths(batch, [100])[0] >= 2
+
+
+def test_positions_keep_their_own_record_once_it_is_long() -> None:
+    """Pooling is a prior, not a rule: a position rejected every time it is reached ends low
+    whatever the others do (negative control of the pooled estimate)."""
+    policy = MeasuredPolicy(8)
+    batch = requests(1)
+    for _ in range(100):
+        policy.observe(batch, [3], [1], draft_seconds=0.03, verify_seconds=0.04)  # 1 accepted, then rejected
+    a = policy.acceptance("r0")
+    assert a[0] > 0.95 and a[1] < 0.1

@@ -4,12 +4,13 @@ The single-request model (Leviathan et al. 2023; :mod:`verispec.analysis`) says 
 ``k`` tokens emits ``E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i`` tokens on average (``a_i``: the
 probability that draft position ``i`` is accepted given that the positions before it were) and
 costs ``k`` draft passes plus one target pass over ``k + 1`` tokens. :class:`MeasuredPolicy`
-estimates the ``a_i`` from what the rule actually accepted (per request, shrunk towards the
-engine-wide estimate), and the costs from the measured step times (exponential moving averages
-per batch size and pass width), and picks the ``k`` in ``[0, max]`` that maximises tokens per
-second. ``k = 0`` (no speculation) wins when drafting is too expensive for its acceptance, or when
-the target pass stops being flat in ``k`` (compute-bound: large batches, long contexts), which is
-"speculate only while decode is memory-bound", measured instead of assumed.
+estimates the ``a_i`` from what the rule actually accepted (each position shrunk towards the
+acceptance pooled over positions; a request's towards what the other requests did), and the costs
+from the measured step times (exponential moving averages per batch size and pass width), and
+picks the ``k`` in ``[0, max]`` that maximises tokens per second. ``k = 0`` (no speculation) wins
+when drafting is too expensive for its acceptance, or when the target pass stops being flat in
+``k`` (compute-bound: large batches, long contexts), which is "speculate only while decode is
+memory-bound", measured instead of assumed.
 
 Costs start from the calibration of the target measured on this machine at first use
 (:mod:`verispec.engine.calibrate`), or from a prior (a flat verification curve and a draft pass at
@@ -110,10 +111,12 @@ class MeasuredPolicy:
         prior_weight: float = 4.0,
         costs: CostTable | None = None,
         probe_every: int = 16,
+        position_weight: float = 8.0,
     ) -> None:
         self.max_k = max_k
         self.prior_accept = prior_accept
-        self.prior_weight = prior_weight
+        self.prior_weight = prior_weight  # of prior_accept against the pooled record
+        self.position_weight = position_weight  # of the pooled estimate against one position's record
         # Engine-wide conditional acceptance per position: accepted / reached.
         self.reached = [0.0] * max_k
         self.passed = [0.0] * max_k
@@ -129,22 +132,40 @@ class MeasuredPolicy:
 
     # ---------------------------------------------------------------------------- estimates
     def acceptance(self, request_id: str | None = None) -> list[float]:
-        """Conditional acceptance per draft position (engine-wide, or for one request). Position 1
-        starts from ``prior_accept``; each later position starts from the engine-wide estimate of
-        the one before it, so a position not reached yet is expected to do as its predecessor does
-        (with a fixed prior below position 1's measured acceptance, K = 2 never looked worth trying,
-        and a run at 98% acceptance stayed at K = 1 throughout)."""
-        out = []
-        start = self.prior_accept
-        for i in range(self.max_k):
-            engine = (self.passed[i] + start * self.prior_weight) / (self.reached[i] + self.prior_weight)
-            estimate = engine
-            if request_id is not None and request_id in self.per_request:
-                reached, passed = self.per_request[request_id]
-                estimate = (passed[i] + engine * self.prior_weight) / (reached[i] + self.prior_weight)
-            out.append(min(max(estimate, 0.0), 0.999))
-            start = min(max(engine, 0.0), 0.999)
-        return out
+        """Conditional acceptance per draft position (engine-wide, or for one request).
+
+        Each position's record is shrunk towards the pooled acceptance of all positions, the
+        constant-alpha model's estimate (accepted / (accepted + rejections), as
+        :attr:`~verispec.metrics.SpecStats.alpha`), which starts from ``prior_accept``: a position
+        seldom reached (position 2 after a run of one-token drafts, or after one early rejection) is
+        expected to do what the draft does on average, and its own record takes over as it grows
+        (weight ``position_weight``). Shrinking towards the position before instead let one early
+        rejection at position 2 hold a HumanEval run at K = 1 while 90% of drafts were accepted
+        (benchmarks/policy_ab.py). For one request the prior is what the other requests did: its
+        pooled acceptance is shrunk towards theirs, and its positions follow their positional
+        profile scaled to it (each observation counted once)."""
+        if request_id is None or request_id not in self.per_request:
+            return self._shrunk(self.passed, self.reached, self.prior_accept, [1.0] * self.max_k)
+        reached, passed = self.per_request[request_id]
+        others_passed = [a - b for a, b in zip(self.passed, passed, strict=True)]
+        others_reached = [a - b for a, b in zip(self.reached, reached, strict=True)]
+        others_pool = self._pool(others_passed, others_reached, self.prior_accept)
+        others = self._shrunk(others_passed, others_reached, self.prior_accept, [1.0] * self.max_k)
+        return self._shrunk(passed, reached, others_pool, [a / max(others_pool, 1e-6) for a in others])
+
+    def _pool(self, passed: Sequence[float], reached: Sequence[float], prior: float) -> float:
+        """Acceptance pooled over positions, shrunk towards ``prior`` (weight ``prior_weight``)."""
+        return (sum(passed) + prior * self.prior_weight) / (sum(reached) + self.prior_weight)
+
+    def _shrunk(
+        self, passed: Sequence[float], reached: Sequence[float], prior: float, profile: Sequence[float]
+    ) -> list[float]:
+        """Each position's record shrunk towards the pooled acceptance times ``profile[i]``."""
+        pool, wp = self._pool(passed, reached, prior), self.position_weight
+        return [
+            min(max((p + min(pool * f, 1.0) * wp) / (r + wp), 0.0), 0.999)
+            for p, r, f in zip(passed, reached, profile, strict=True)
+        ]
 
     def _verify_cost(self, batch: int, width: int) -> float:
         """Seconds of a target pass over ``width`` tokens per row, from the nearest measurement."""
