@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from tests.tiny import byte_tokenizer, tiny_config, tiny_pair
 from verispec.config import EngineConfig, SamplingParams
+from verispec.drafters.base import BatchView
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.retrieval import Datastore
 from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
 from verispec.errors import ConfigError, InputError
 from verispec.models.transformer import Transformer, random_state_dict
+from verispec.sampling import make_generator
 from verispec.verify.tree import depths
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 1, 2, 3, 4, 5, 6], [7], [2, 2, 2, 2, 2]]
@@ -187,6 +191,39 @@ def test_restricted_draft_head_greedy_equals_plain() -> None:
 
     with pytest.raises(ConfigError, match="cannot be restricted"):
         make_drafter("model", draft_model=Headless(), vocab_size=8, draft_head=4)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=1.0, top_k=3, top_p=0.8),
+        SamplingParams(temperature=0.7, top_k=50, min_p=0.1),  # (top_k past the head's ids: all of them)
+    ],
+    ids=["greedy", "temperature", "top-k-top-p", "min-p"],
+)
+def test_a_restricted_head_builds_its_laws_on_its_ids_as_on_the_whole_row(params: SamplingParams) -> None:
+    """Without penalties or biases the draft's laws are built on the head's ids alone; a zero bias
+    forces the whole-row path, which must give the same tokens and the same laws."""
+    _, draft = tiny_pair(16)
+    whole_row = dataclasses.replace(params, logit_bias={0: 0.0})  # (+0.0: the same logits)
+    drafts = []
+    for p in (params, whole_row):
+        d = make_drafter(
+            "model", draft_model=draft, vocab_size=16, max_batch=2, max_len=64, draft_head=6, keep_ids=(11,)
+        )
+        for rid, prompt in (("a", [3, 1, 4, 1, 5]), ("b", [2, 7])):
+            d.begin(rid, prompt)
+        gens = [None, None] if params.greedy else [make_generator(7), make_generator(8)]
+        drafts.append(d.propose(BatchView(["a", "b"], [p, p], gens), [4, 2]))
+    narrow, whole = drafts
+    assert torch.equal(narrow.token_ids, whole.token_ids) and torch.equal(narrow.num_tokens, whole.num_tokens)
+    torch.testing.assert_close(narrow.probs, whole.probs, rtol=0, atol=1e-6)
+    outside = torch.ones(16, dtype=torch.bool)
+    outside[[0, 1, 2, 3, 4, 5, 11]] = False
+    assert narrow.probs[..., outside].abs().sum() == 0  # no mass outside the head
+    assert narrow.probs[1, 2:].abs().sum() == 0  # the row drafting 2 tokens has no law past them
 
 
 @pytest.mark.parametrize("drafter", ["model", "composite"])

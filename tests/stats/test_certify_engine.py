@@ -29,6 +29,9 @@ CASES = [
     EngineCase("ngram", 2, SamplingParams(temperature=1.0, top_p=0.9, frequency_penalty=0.4), 4),
     EngineCase("composite", 2, SamplingParams(temperature=0.9, min_p=0.1), 4),
     EngineCase("model", 3, SamplingParams(temperature=0.9), 5, draft_head=2),
+    # a restricted head's laws built on its ids alone (top-k / top-p there), and on the whole row (a penalty)
+    EngineCase("model", 3, SamplingParams(temperature=0.8, top_k=3, top_p=0.9), 5, draft_head=3),
+    EngineCase("model", 2, SamplingParams(temperature=1.0, frequency_penalty=0.4), 4, draft_head=3),
     EngineCase("tree", 2, SamplingParams(temperature=1.0), 4, tree="2,2,2,6", tree_children="fixed"),
     EngineCase("suffix", 2, SamplingParams(temperature=0.8, top_k=3), 4),
     EngineCase("tree", 2, SamplingParams(temperature=0.8, top_p=0.9), 4, tree="2,2,2,6", tree_children="sampled"),

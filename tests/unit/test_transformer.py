@@ -418,6 +418,21 @@ def test_every_query_row_of_the_mask_attends_somewhere() -> None:
     assert real[2, 0].tolist() == [True, False, False]
 
 
+def test_the_causal_mask_without_padding_is_the_general_one() -> None:
+    """A step whose rows are all full (no padding, no window) builds its mask in a shorter way:
+    the same mask as the general construction, which a device tensor of counts still takes."""
+    from verispec.models.transformer import _visibility
+
+    for t in (1, 3):
+        caches = [build("qwen2-tied").new_cache(3, 16) for _ in range(2)]
+        for cache in caches:  # rows of 4, 1 and 2 cached tokens
+            cache.end_step(cache.begin_step(None, 4, 3, [4, 1, 2]))
+        short = caches[0].begin_step(None, t, 3, [t] * 3)
+        general = caches[1].begin_step(None, t, 3, torch.full((3,), t))
+        assert short.valid is None and general.valid is not None
+        assert torch.equal(_visibility(short, t, None), _visibility(general, t, None))
+
+
 def test_logits_at_and_hidden_states() -> None:
     model = build("qwen2-tied")
     toks = tokens(2, 9, seed=80)
@@ -427,6 +442,10 @@ def test_logits_at_and_hidden_states() -> None:
     assert some.logits.shape == (2, 1, V) and full.hidden.shape == (2, 9, 64)
     torch.testing.assert_close(some.logits[:, 0], full.logits[[0, 1], [8, 3]], atol=SELF_TOL, rtol=0)
     torch.testing.assert_close(some.hidden, full.hidden)
+    nowhere = torch.empty((2, 0), dtype=torch.long)
+    none = model.forward_with_hidden(toks, None, model.new_cache(2, 16), logits_at=nowhere)
+    assert none.logits.shape == (2, 0, V)  # hidden states only: no LM head
+    torch.testing.assert_close(none.hidden, full.hidden)
     lm = model.lm_weight
     torch.testing.assert_close(full.hidden @ lm.T, full.logits, atol=SELF_TOL, rtol=0)
 

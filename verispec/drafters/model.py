@@ -22,7 +22,11 @@ Qwen2.5-0.5B, 136M of 494M parameters). With ``head_size = N`` the drafter compu
 token ids ``[0, N)`` (BPE ids are roughly in order of frequency) plus ``keep_ids`` (e.g. the stop
 tokens), and its law is 0 elsewhere. The rule stays exact: a token the draft never proposes reaches
 the output through the residual ``max(0, target_probs - draft_probs)``, which is the whole target
-mass there. Only acceptance can drop, by the target mass outside the head.
+mass there. Only acceptance can drop, by the target mass outside the head. When no row of the
+step has a penalty or a logit bias (which name ids of the whole vocabulary), the laws are built on
+the head's ids alone, through the same :func:`~verispec.sampling.build_laws` (BPE ids ascending, so
+ties and top-p order are those of the full row), and scattered into the reported law: the same law
+without a pass over 151,936 mostly impossible ids for each draft token.
 """
 
 from __future__ import annotations
@@ -129,13 +133,14 @@ class ModelDrafter:
             raise InputError(f"unknown request {request_id!r}: call begin() first") from None
 
     # ------------------------------------------------------------------------------- drafting
-    def _feed(self, states: Sequence[_State], pieces: Sequence[Sequence[int]]) -> Tensor:
+    def _feed(self, states: Sequence[_State], pieces: Sequence[Sequence[int]], narrow: bool = False) -> Tensor:
         """Append ``pieces[i]`` to ``states[i]``'s cache in one pass; return the logits ``[R, V]``
-        fp32 after each row's last token (the law of its next token)."""
+        fp32 after each row's last token (the law of its next token); ``narrow``: only the
+        restricted head's ``[R, H]``, column j for id ``_head_ids[j]``."""
         device = self.model.device
         num_new = [len(p) for p in pieces]
         last = torch.tensor([[n - 1] for n in num_new], device=device)
-        logits = self._run(states, pieces, last)[:, 0]
+        logits = self._run(states, pieces, last, narrow=narrow)[:, 0]
         for state, n in zip(states, num_new, strict=True):
             state.fed += n
         return logits
@@ -147,11 +152,13 @@ class ModelDrafter:
         at: Tensor,
         positions: Tensor | None = None,
         mask: Tensor | None = None,
+        narrow: bool = False,
     ) -> Tensor:
         """One draft pass appending ``pieces[i]`` to ``states[i]``'s cache (``positions`` /
         ``mask`` as :meth:`~verispec.models.transformer.Transformer.forward` takes them, None: a
         chain); the logits ``[R, N, V]`` fp32 at the step offsets ``at`` ``[R, N]``, on the
-        target's support (the restricted head's ids only, when the head is restricted)."""
+        target's support (the restricted head's ids only, when the head is restricted; with
+        ``narrow``, just those: ``[R, N, H]``)."""
         device = self.model.device
         width = max(len(p) for p in pieces)
         tokens = torch.full((len(pieces), width), 0, dtype=torch.long)
@@ -166,9 +173,11 @@ class ModelDrafter:
                 tokens.to(device), positions, self.cache, num_new=num_new, slots=slots, logits_at=none, **extra
             ).hidden  # [R, T, C]
             h = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [R, N, C]
-            logits = torch.full((len(pieces), at.shape[1], self.vocab_size), float("-inf"), device=device)
             assert self._head_module is not None
-            scores = self._head_module(h)  # [R, N, H]
+            scores: Tensor = self._head_module(h)  # [R, N, H]
+            if narrow:  # (the head's ids are below vocab_limit: nothing to cut)
+                return scores.float()
+            logits = torch.full((len(pieces), at.shape[1], self.vocab_size), float("-inf"), device=device)
             logits[:, :, self._head_ids] = scores.float()
         else:
             logits = self.model.forward(
@@ -203,6 +212,8 @@ class ModelDrafter:
             state.last_k = max_tokens[b]
             state.context_at_propose = len(state.context)
         histories = self._histories(batch, rows, states)
+        # laws on the head's ids alone (module docstring) unless a row's penalties or biases need the whole row
+        narrow = self._head_ids is not None and histories is None and not any(batch.params[b].logit_bias for b in rows)
         drafted: dict[int, list[int]] = {b: [] for b in rows}
         active = list(range(len(rows)))  # indices into rows/states
         pieces = [s.context[s.fed :] for s in states]
@@ -213,7 +224,7 @@ class ModelDrafter:
         for i in range(k_max):
             if not active:
                 break
-            logits = self._feed([states[j] for j in active], [pieces[j] for j in active])
+            logits = self._feed([states[j] for j in active], [pieces[j] for j in active], narrow)  # [A, V] or [A, H]
             params = [batch.params[rows[j]] for j in active]
             hist = None
             if histories is not None:
@@ -221,7 +232,7 @@ class ModelDrafter:
                     torch.stack([histories[j].output_counts[0] for j in active]),
                     torch.stack([histories[j].prompt_mask[0] for j in active]),
                 ).extended(self._drafted_matrix([drafted[rows[j]] for j in active], i))
-            built = build_laws(logits, params, hist)  # [A, V]
+            built = build_laws(logits, params, hist)  # [A, V] or [A, H]
             law = built.probs
             if built.failed:  # a row without a draft law stops drafting here; the others go on
                 ok = [a for a in range(len(active)) if a not in built.failed]
@@ -229,17 +240,32 @@ class ModelDrafter:
                 active = [active[a] for a in ok]
                 if not active:
                     break
-            tokens = sample(law, [batch.generators[rows[j]] for j in active]).tolist()  # host: next feed
+            picked = sample(law, [batch.generators[rows[j]] for j in active])  # [A]
+            if narrow:
+                assert self._head_ids is not None
+                picked = self._head_ids[picked]
+                laws[:, i].index_copy_(1, self._head_ids, self._scatter_rows(law, [rows[j] for j in active], n))
+            tokens = picked.tolist()  # host: the next feed
             for a, j in enumerate(active):
                 b = rows[j]
                 ids[b, i] = tokens[a]
-                laws[b, i] = law[a]
+                if not narrow:
+                    laws[b, i] = law[a]
                 drafted[b].append(tokens[a])
                 pieces[j] = [tokens[a]]
             active = [j for j in active if max_tokens[rows[j]] > i + 1]
         # The last draft token of each row is never fed: fed counts context + (k - 1) drafts.
         num = torch.tensor([len(drafted.get(b, [])) for b in range(n)], dtype=torch.long)
         return Draft(ids, num, laws)
+
+    @staticmethod
+    def _scatter_rows(law: Tensor, rows: Sequence[int], n: int) -> Tensor:
+        """``law`` ``[A, H]`` placed at batch ``rows`` of a zero ``[n, H]`` (itself when they are all)."""
+        if len(rows) == n:
+            return law
+        out = law.new_zeros((n, law.shape[1]))
+        out[torch.tensor(rows, device=law.device)] = law
+        return out
 
     @staticmethod
     def _drafted_matrix(drafted: Sequence[Sequence[int]], width: int) -> Tensor:

@@ -222,7 +222,8 @@ class KVCache:
             host_new = [int(n) for n in num_new]
             if len(host_new) != batch_size or any(not 0 <= n <= t for n in host_new):
                 raise InputError(f"num_new must hold {batch_size} counts in [0, {t}], got {host_new}")
-            counts = torch.tensor(host_new, dtype=torch.int64).to(self.device)  # [B]
+            full = all(n == t for n in host_new)  # no padding: the plan of num_new = None (no mask to build)
+            counts = None if full else torch.tensor(host_new, dtype=torch.int64).to(self.device)  # [B]
         if any(self._bound[s] + n > self.max_len for s, n in zip(host, host_new, strict=True)):
             # Rare: the host bounds say the cache might overflow; look at the truth (one sync).
             self.sync_bounds()

@@ -561,6 +561,8 @@ class Transformer(nn.Module):
                     h = h + layer.mlp(layer.post_attention_layernorm(h))
                 h = self.model.norm(h)  # [B, T, C]
             cache.end_step(plan)
+            if logits_at is not None and logits_at.shape[1] == 0:  # hidden states only (a restricted draft head)
+                return ForwardOutput(logits=h.new_empty((b, 0, self.config.vocab_size), dtype=torch.float32), hidden=h)
             picked = h if logits_at is None else h.gather(1, logits_at[:, :, None].expand(-1, -1, h.shape[-1]))
             head = self.lm_head
             scores = head(picked) if head is not None else dense_linear(picked, self.model.embed_tokens.weight)
@@ -580,8 +582,11 @@ def _visibility(plan: StepPlan, t: int, window: Tensor | None) -> Tensor:
     lengths = plan.lengths  # [B]
     device = lengths.device
     span = max(plan.span, 1)
-    cached = 0 if window is None else window.shape[2] - t  # window positions before the step
     j = torch.arange(span, dtype=torch.int64, device=device)  # [S]
+    if window is None and plan.valid is None:  # causal, no padding: query t sees j <= lengths[b] + t
+        q = torch.arange(t, dtype=torch.int64, device=device)  # [T]
+        return j[None, None, :] <= (lengths[:, None] + q[None, :])[:, :, None]  # [B, T, S]
+    cached = 0 if window is None else window.shape[2] - t  # window positions before the step
     rel = j[None, :] - (lengths[:, None] - cached)  # [B, S]: offset of position j within the window
     in_prefix = rel < 0  # [B, S]
     count = plan.num_new[:, None] if plan.num_new is not None else t
