@@ -255,3 +255,22 @@ def test_positions_keep_their_own_record_once_it_is_long() -> None:
         policy.observe(batch, [3], [1], draft_seconds=0.03, verify_seconds=0.04)  # 1 accepted, then rejected
     a = policy.acceptance("r0")
     assert a[0] > 0.95 and a[1] < 0.1
+
+
+def test_the_calibrated_curve_is_rescaled_to_how_fast_real_steps_run() -> None:
+    """A calibration cached in a slower minute: real two-token passes run 25% faster than it says.
+    The curve's shape stays the calibration's, its level follows the real steps: plain decoding
+    and longer drafts are rescaled too, so the measured width does not look cheap beside the
+    others (it held a run at K = 1)."""
+    policy = MeasuredPolicy(8, costs=costs({1: 0.030, 2: 0.032, 3: 0.033, 5: 0.035, 9: 0.05}))
+    batch = requests(1)
+    for _ in range(20):
+        policy.observe(batch, [1], [1], draft_seconds=0.006, verify_seconds=0.024)
+    assert policy._verify_cost(1, 2) == pytest.approx(0.024, rel=0.01)
+    assert policy._verify_cost(1, 1) == pytest.approx(0.030 * 0.75, rel=0.01)
+    assert policy._verify_cost(1, 3) == pytest.approx(0.033 * 0.75, rel=0.01)
+    assert policy.draft_lengths(batch, [100])[0] >= 3
+    # between and past the calibrated batch sizes: linear, then proportional
+    two = MeasuredPolicy(8, costs=CostTable({(1, 1): 0.03, (1, 2): 0.03, (4, 1): 0.06, (4, 2): 0.06}, 128, "t"))
+    assert two._verify_cost(2, 1) == pytest.approx(0.04)
+    assert two._verify_cost(8, 2) == pytest.approx(0.12)

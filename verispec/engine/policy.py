@@ -92,6 +92,21 @@ class FixedPolicy:
         return None
 
 
+def _interpolate(known: Sequence[tuple[int, float]], width: int) -> float:
+    """Seconds of a pass over ``width`` tokens from ``(width, seconds)`` points: linear between
+    the nearest two, flat beyond the widest (optimistic, so that it gets measured); 1 s without
+    any point."""
+    if not known:
+        return 1.0
+    below = [(w, v) for w, v in known if w <= width]
+    above = [(w, v) for w, v in known if w >= width]
+    if below and above:
+        (w0, v0), (w1, v1) = max(below), min(above)
+        return v0 if w1 == w0 else v0 + (v1 - v0) * (width - w0) / (w1 - w0)
+    _, v = min(known, key=lambda wv: abs(wv[0] - width))
+    return v
+
+
 class _Ema:
     def __init__(self, weight: float = 0.2) -> None:
         self.value: float | None = None
@@ -121,12 +136,12 @@ class MeasuredPolicy:
         self.reached = [0.0] * max_k
         self.passed = [0.0] * max_k
         self.per_request: dict[str, tuple[list[float], list[float]]] = {}
-        # Costs: target pass time per (batch, width) and draft pass time per batch.
+        # Costs: target pass time per (batch, width) and draft pass time per batch, as measured in
+        # real steps; the calibrated curve and how fast this machine runs it now (real / calibrated).
         self.verify_time: dict[tuple[int, int], _Ema] = defaultdict(_Ema)
         self.draft_pass: dict[int, _Ema] = defaultdict(_Ema)
-        if costs is not None:
-            for key, seconds in costs.seconds.items():
-                self.verify_time[key].update(seconds)
+        self.calibrated: dict[tuple[int, int], float] = dict(costs.seconds) if costs is not None else {}
+        self.speed = _Ema()
         self.probe_every = probe_every
         self._idle_steps = 0  # consecutive steps without speculation
 
@@ -172,21 +187,37 @@ class MeasuredPolicy:
         return max(self._verify_estimate(batch, width), 1e-9)
 
     def _verify_estimate(self, batch: int, width: int) -> float:
-        exact = self.verify_time.get((batch, width))
-        if exact is not None and exact.value is not None:
-            return exact.value
+        """The calibrated curve at (batch, width), times how much faster or slower real steps run
+        it now: the curve's shape is the calibration's, its level today's (a table cached hours
+        before, on a shared machine, was 25% off, and real steps at one width beside calibrated
+        values at the others made the measured width look cheap or dear by that much). Without a
+        calibration, the real steps' times."""
+        calibrated = self._calibrated_estimate(batch, width)
+        if calibrated is not None:
+            return calibrated * (self.speed.value or 1.0)
         known = [(w, e.value) for (b, w), e in self.verify_time.items() if b == batch and e.value is not None]
         if not known:
             known = [(w, e.value / b * batch) for (b, w), e in self.verify_time.items() if e.value is not None]
-        if not known:
-            return 1.0
-        below = [(w, v) for w, v in known if w <= width]
-        above = [(w, v) for w, v in known if w >= width]
-        if below and above:
-            (w0, v0), (w1, v1) = max(below), min(above)
-            return v0 if w1 == w0 else v0 + (v1 - v0) * (width - w0) / (w1 - w0)
-        _, v = min(known, key=lambda wv: abs(wv[0] - width))
-        return v  # flat beyond what was measured: optimistic, so that it gets measured
+        return _interpolate(known, width)
+
+    def _calibrated_estimate(self, batch: int, width: int) -> float | None:
+        """The calibrated seconds of a (batch, width) pass (None without a calibration): linear in
+        width, then in batch size between the nearest calibrated ones (proportional to it past
+        them)."""
+        batches = sorted({b for b, _ in self.calibrated})
+        if not batches:
+            return None
+
+        def at(b: int) -> float:
+            return _interpolate([(w, s) for (bb, w), s in self.calibrated.items() if bb == b], width)
+
+        lower = [b for b in batches if b <= batch]
+        upper = [b for b in batches if b >= batch]
+        if lower and upper:
+            b0, b1 = lower[-1], upper[0]
+            return at(b0) if b0 == b1 else at(b0) + (at(b1) - at(b0)) * (batch - b0) / (b1 - b0)
+        b = lower[-1] if lower else upper[0]
+        return at(b) * batch / b
 
     def _draft_cost(self, batch: int) -> float:
         ema = self.draft_pass.get(batch)
@@ -200,6 +231,13 @@ class MeasuredPolicy:
 
     def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
         return None  # chains (a tree drafter keeps its own shape, its depth capped by the length)
+
+    def _observe_verify(self, batch: int, width: int, seconds: float) -> None:
+        """A real step's target pass: its width's time, and the machine's speed against the calibration."""
+        self.verify_time[(batch, width)].update(seconds)
+        calibrated = self._calibrated_estimate(batch, width)
+        if calibrated:
+            self.speed.update(seconds / calibrated)
 
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
         n = len(batch)
@@ -235,7 +273,7 @@ class MeasuredPolicy:
         trees: Sequence[TreeStep | None] | None = None,
     ) -> None:
         k = max(drafted, default=0)
-        self.verify_time[(len(batch), k + 1)].update(verify_seconds)
+        self._observe_verify(len(batch), k + 1, verify_seconds)
         if k > 0 and draft_seconds is not None:
             self.draft_pass[len(batch)].update(draft_seconds / k)
         for req, d, a in zip(batch, drafted, accepted, strict=True):
@@ -345,7 +383,7 @@ class TreePolicy(MeasuredPolicy):
         trees: Sequence[TreeStep | None] | None = None,
     ) -> None:
         steps = list(trees) if trees is not None else [None] * len(batch)
-        self.verify_time[(len(batch), max(drafted, default=0) + 1)].update(verify_seconds)
+        self._observe_verify(len(batch), max(drafted, default=0) + 1, verify_seconds)
         levels = max((max(map(len, tree_paths(t[0])), default=0) for t in steps if t is not None), default=0)
         if levels and draft_seconds is not None:
             self.draft_pass[len(batch)].update(draft_seconds / levels)
