@@ -3,13 +3,15 @@
 "old": each position's record shrunk towards the estimate of the position before, position 1
 towards a fixed 0.6 (re-implemented here as the reference); "new": each position shrunk towards
 the acceptance pooled over all positions (:class:`verispec.engine.policy.MeasuredPolicy` today);
-"k2", "k3", "k4": a fixed draft length. One process, the default pair at the machine's defaults,
-a fresh policy per generation (a cold start, as each ``verispec generate`` is), greedy, 128
-tokens, every variant and plain in rotating order per repeat; tok/s counts the prompt's prefill
-too. Asserts that all give the same tokens.
+"warm": today's policy kept from one generation to the next (as a server's is: it starts each
+request knowing what the draft did before); "k2", "k3", "k4": a fixed draft length. One process,
+the default pair at the machine's defaults, a fresh policy per generation otherwise (a cold start,
+as each ``verispec generate`` is), greedy, 128 tokens, the variants and plain in rotating order
+per repeat; tok/s counts the prompt's prefill too. Asserts that all give the same tokens.
 
     python benchmarks/policy_ab.py --set humaneval --prompts 8 --repeats 2 --json out.json
     python benchmarks/policy_ab.py --text "def quicksort(arr):" --repeats 4 --json out.json
+    python benchmarks/policy_ab.py --variants new,warm,k3,k4 ...
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def previous_position_acceptance(self: MeasuredPolicy, request_id: str | None = 
     return out
 
 
-VARIANTS = ("old", "new", "k2", "k3", "k4", "plain")
+VARIANTS = ("old", "new", "warm", "k2", "k3", "k4")
 
 
 def main() -> None:
@@ -57,7 +59,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}")
     args = p.parse_args()
+    variants = [*(v for v in args.variants.split(",") if v), "plain"]
+    if not set(variants) <= {*VARIANTS, "plain"}:
+        p.error(f"--variants takes some of {', '.join(VARIANTS)}")
     current = MeasuredPolicy.acceptance
     picked = machine_defaults(TARGET, DRAFT, "cpu")
     spec = build(TARGET, DRAFT, dtype=picked.dtype, draft_dtype=picked.draft_dtype, draft_head=picked.draft_head,
@@ -67,13 +73,18 @@ def main() -> None:
     prompts = [args.text] if args.text else list(prompt_set(args.set))[: args.prompts]
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
     rows = []
+    warm = MeasuredPolicy(spec.engine.config.max_draft_tokens, costs=costs)
     for pi, text in enumerate(prompts):
         ids = spec.target.tokenizer.encode(text)
         outputs = {}
         for rep in range(args.repeats):
-            for name in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
+            for name in variants if rep % 2 == 0 else variants[::-1]:
                 engine = plain
-                if name in ("old", "new"):
+                if name == "warm":
+                    MeasuredPolicy.acceptance = current  # type: ignore[method-assign]
+                    spec.engine.policy = warm
+                    engine = spec.engine
+                elif name in ("old", "new"):
                     MeasuredPolicy.acceptance = previous_position_acceptance if name == "old" else current  # type: ignore[method-assign]
                     spec.engine.policy = MeasuredPolicy(spec.engine.config.max_draft_tokens, costs=costs)
                     engine = spec.engine
@@ -84,16 +95,16 @@ def main() -> None:
                 out = engine.generate([ids], [params])[0]
                 rate = len(out.token_ids) / (time.perf_counter() - start)
                 outputs.setdefault(name, out.token_ids)
-                assert out.token_ids == outputs["old" if "old" in outputs else name], (pi, name)
+                assert out.token_ids == next(iter(outputs.values())), (pi, name)
                 rows.append({"prompt": pi, "repeat": rep, "policy": name, "tok_s": rate})
                 print(pi, rep, name, f"{rate:.2f}", flush=True)
     MeasuredPolicy.acceptance = current  # type: ignore[method-assign]
     summary = {
         name: [statistics.median(r["tok_s"] for r in rows if r["prompt"] == pi and r["policy"] == name)
                for pi in range(len(prompts))]
-        for name in VARIANTS
+        for name in variants
     }  # fmt: skip
-    for name in VARIANTS[:-1]:
+    for name in variants[:-1]:
         ratios = [a / b for a, b in zip(summary[name], summary["plain"], strict=True)]
         print(f"{name}: median speedup over plain {statistics.median(ratios):.3f}", [f"{r:.2f}" for r in ratios])
     if args.json is not None:
