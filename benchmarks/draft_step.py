@@ -1,0 +1,100 @@
+"""What does one draft token cost, and where does the time go?
+
+The default pair at the machine's defaults, greedy: the model drafter proposes ``--k`` tokens
+after a short code prompt, ``--rounds`` times (nothing accepted: the draft cache goes back and one
+token is committed each round, so the context stays ~the same). Per draft token, medians over the
+rounds: the whole proposal, the native decoder layers, the Python of the forward pass around them
+(cache plan, masks, RoPE, embedding), the restricted LM head, and the rest of the proposal (laws,
+sampling, bookkeeping). To compare two versions of the Python, run it from two checkouts in turn
+(``PYTHONPATH=OTHER_CHECKOUT python benchmarks/draft_step.py``): the host's speed moves by 20-30%
+from minute to minute, so alternate them and compare the parts, not one run against another.
+
+    python benchmarks/draft_step.py [--k 4] [--rounds 80] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import verispec
+from verispec.config import SamplingParams
+from verispec.drafters.base import BatchView
+from verispec.pipeline import build, machine_defaults
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+PROMPT = "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n    pivot = arr[len(arr) // 2]\n"
+
+
+def timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        into.append(time.perf_counter() - start)
+        return out
+
+    return wrapper
+
+
+class _Timed:
+    """A stand-in for the model's native layers that times their forward."""
+
+    def __init__(self, inner: Any, into: list[float]) -> None:
+        self.forward = timed(inner.forward, into)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=80)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    picked = machine_defaults(TARGET, DRAFT, "cpu")
+    pipe = build(TARGET, DRAFT, dtype=picked.dtype, draft_dtype=picked.draft_dtype, draft_head=picked.draft_head,
+                 max_batch=1, max_len=2048)  # fmt: skip
+    drafter = pipe.engine.drafter
+    model = drafter.model
+    native: list[float] = []
+    forward: list[float] = []
+    head: list[float] = []
+    if model._native_layers is None:
+        raise SystemExit("the draft does not run on verispec's kernels here: nothing to split")
+    model._native_layers = _Timed(model._native_layers, native)
+    model.forward_with_hidden = timed(model.forward_with_hidden, forward)
+    if drafter._head_module is not None:
+        drafter._head_module.forward = timed(drafter._head_module.forward, head)
+    context = list(pipe.target.tokenizer.encode(PROMPT))
+    drafter.begin("r", context)
+    greedy = SamplingParams(temperature=0)
+    proposals = []
+    for _ in range(args.rounds + 1):
+        native.clear(), forward.clear(), head.clear()
+        start = time.perf_counter()
+        drafter.propose(BatchView(["r"], [greedy], [None]), [args.k])
+        whole = time.perf_counter() - start
+        drafter.observe("r", [0])  # nothing accepted: the cache goes back
+        context.append(context[-1])  # and one token is committed
+        parts = (sum(native), sum(forward) - sum(native), sum(head))
+        proposals.append((whole, *parts))
+    rows = proposals[1:]  # (the first fed the prompt)
+    ms = {
+        name: statistics.median(r[i] for r in rows) / args.k * 1e3
+        for i, name in enumerate(("draft token", "native layers", "forward's Python", "restricted head"))
+    }
+    ms["laws, sampling, rest"] = ms["draft token"] - sum(v for k, v in ms.items() if k != "draft token")
+    print(f"verispec from {Path(verispec.__file__).parent.parent}, K = {args.k}, {args.rounds} proposals")
+    for name, value in ms.items():
+        print(f"  {name:22s} {value:6.2f} ms")
+    if args.json is not None:
+        source = str(Path(verispec.__file__).parent)
+        out = {"k": args.k, "rounds": args.rounds, "verispec": source, "ms_per_draft_token": ms}
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
