@@ -15,7 +15,8 @@ memory-bound", measured instead of assumed.
 Costs start from the calibration of the target measured on this machine at first use
 (:mod:`verispec.engine.calibrate`), or from a prior (a flat verification curve and a draft pass at
 20% of a target pass); the draft's cost is learnt from the first steps; every estimate then follows
-the times of real steps. While speculation is off, a short probe draft every ``probe_every`` steps
+the times of real steps (the calibrated curve keeps its shape and takes its level from them).
+While speculation is off, a short probe draft every ``probe_every`` steps
 keeps the acceptance estimates alive, so that speculation comes back when the text becomes
 predictable again.
 """
@@ -183,7 +184,7 @@ class MeasuredPolicy:
         ]
 
     def _verify_cost(self, batch: int, width: int) -> float:
-        """Seconds of a target pass over ``width`` tokens per row, from the nearest measurement."""
+        """Seconds of a target pass over ``width`` tokens per row (see :meth:`_verify_estimate`)."""
         return max(self._verify_estimate(batch, width), 1e-9)
 
     def _verify_estimate(self, batch: int, width: int) -> float:
