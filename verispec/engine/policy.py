@@ -141,7 +141,10 @@ class MeasuredPolicy:
         # real steps; the calibrated curve and how fast this machine runs it now (real / calibrated).
         self.verify_time: dict[tuple[int, int], _Ema] = defaultdict(_Ema)
         self.draft_pass: dict[int, _Ema] = defaultdict(_Ema)
-        self.calibrated: dict[tuple[int, int], float] = dict(costs.seconds) if costs is not None else {}
+        # the calibrated curve per batch size: (width, seconds) points
+        self.calibrated: dict[int, list[tuple[int, float]]] = {}
+        for (b, w), seconds in sorted(costs.seconds.items()) if costs is not None else ():
+            self.calibrated.setdefault(b, []).append((w, seconds))
         self.speed = _Ema()
         self.probe_every = probe_every
         self._idle_steps = 0  # consecutive steps without speculation
@@ -205,15 +208,14 @@ class MeasuredPolicy:
         """The calibrated seconds of a (batch, width) pass (None without a calibration): linear in
         width, then in batch size between the nearest calibrated ones (proportional to it past
         them)."""
-        batches = sorted({b for b, _ in self.calibrated})
-        if not batches:
+        if not self.calibrated:
             return None
 
         def at(b: int) -> float:
-            return _interpolate([(w, s) for (bb, w), s in self.calibrated.items() if bb == b], width)
+            return _interpolate(self.calibrated[b], width)
 
-        lower = [b for b in batches if b <= batch]
-        upper = [b for b in batches if b >= batch]
+        lower = [b for b in self.calibrated if b <= batch]  # (batch sizes in ascending order)
+        upper = [b for b in self.calibrated if b >= batch]
         if lower and upper:
             b0, b1 = lower[-1], upper[0]
             return at(b0) if b0 == b1 else at(b0) + (at(b1) - at(b0)) * (batch - b0) / (b1 - b0)

@@ -132,6 +132,7 @@ def prune_stale(root: Path, keep: Path) -> list[Path]:
     of another install, or of this one for another torch or Python, are theirs to prune. Call it
     holding the ``root`` lock (no build runs meanwhile)."""
     here, runtime = str(SOURCE_DIR.resolve()), _runtime()
+    current: dict[str, str] = {}  # tier name -> its key for these sources and this runtime
     removed = []
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         if not folder.is_dir() or folder == keep or "-" not in folder.name:
@@ -142,7 +143,9 @@ def prune_stale(root: Path, keep: Path) -> list[Path]:
             sources, _, built_for = marker.read_text().strip().partition("\n")
             if sources == here and built_for == runtime:
                 try:
-                    stale = key != build_key(by_name(tier_name))
+                    if tier_name not in current:
+                        current[tier_name] = build_key(by_name(tier_name))
+                    stale = key != current[tier_name]
                 except (ConfigError, OSError):  # a tier this version no longer has
                     stale = True
             else:
