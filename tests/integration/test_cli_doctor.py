@@ -17,6 +17,8 @@ def test_doctor_reports_the_cpu_the_kernels_and_the_flags(capsys: pytest.Capture
     kernels = report["kernels"]
     assert kernels["tiers"] == [t.name for t in dispatch.runnable()] and kernels["tiers"][-1] == "portable"
     assert kernels["tier"] == dispatch.selected().name and kernels["status"] in ("ready", "failed")
+    cache = kernels["cache"]  # the kernel build folders and their size
+    assert cache["path"].endswith("kernels") and cache["builds"] >= (kernels["status"] == "ready") and cache["mb"] >= 0
     if report["kernels"]["status"] == "ready":  # what generate would pick for the default pair
         from verispec.pipeline import machine_defaults
 
@@ -27,3 +29,4 @@ def test_doctor_reports_the_cpu_the_kernels_and_the_flags(capsys: pytest.Capture
     assert main(["doctor"]) == 0  # the table, bandwidth measured
     out = capsys.readouterr().out
     assert "verispec kernels" in out and "tier" in out and "GB/s" in out and "recommended" in out
+    assert "kernel builds" in out
