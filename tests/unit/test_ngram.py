@@ -130,3 +130,28 @@ def test_composite_lookup_runs_to_the_budget_and_the_model_keeps_the_scheduled_l
     again.begin("copy", contexts["copy"])
     fixed = BatchView(["copy"], params[:1], [None])  # no budgets: K holds
     assert again.propose(fixed, [2]).token_ids.tolist() == [[3, 4]]
+
+
+def test_the_registry_composite_looks_up_agreed_continuations_and_else_lets_the_model_draft() -> None:
+    """``--drafter composite``: the suffix lookup drafts (point masses) where the earlier
+    occurrences of the current suffix agree; where they disagree or nothing matches, the model
+    drafts its scheduled length with its own law."""
+    import torch
+
+    from verispec.certify.tiny import tiny_pair
+    from verispec.drafters.registry import make_drafter
+    from verispec.drafters.suffix import SuffixDrafter
+
+    _, draft = tiny_pair(8)
+    d = make_drafter("composite", draft_model=draft, vocab_size=8, max_batch=4, max_len=64)
+    assert isinstance(d.lookup, SuffixDrafter)  # type: ignore[attr-defined]
+    contexts = {"agreed": [1, 2, 3, 4, 5, 6, 7, 1, 2], "split": [1, 2, 3, 1, 2, 4, 1, 2], "fresh": [3, 5, 7]}
+    for rid, ctx in contexts.items():
+        d.begin(rid, ctx)
+    view = BatchView(list(contexts), [SamplingParams(temperature=0)] * 3, [None] * 3, budgets=[6, 6, 6])
+    out = d.propose(view, [2, 2, 2])
+    assert out.num_tokens.tolist() == [4, 2, 2]  # a 2-token match drafts 2 x 2 at most; the model K = 2
+    assert out.token_ids[0, :4].tolist() == [3, 4, 5, 6]
+    assert out.probs is not None
+    assert torch.equal(out.probs[0, :4].amax(-1), torch.ones(4))  # point masses
+    assert torch.allclose(out.probs[1:, :2].sum(-1), torch.ones(2, 2))  # the model's laws

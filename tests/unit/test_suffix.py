@@ -86,3 +86,34 @@ def test_a_short_match_drafts_a_short_guess():
         assert int(d.propose(view(["a"]), [8]).num_tokens[0]) == n
     with pytest.raises(ConfigError):
         SuffixDrafter(spec_factor=0.0)
+
+
+def test_lookup_is_the_continuation_most_matches_agree_on():
+    """The composite drafter's chain: from the longest matching suffix, the most frequent next
+    token while enough of the continuations go through it; nothing when they disagree at once."""
+    d = SuffixDrafter(min_n=2, max_n=3, depth=4, spec_factor=4)
+    # "7 8" continued with 1 2 three times and with 1 5 once
+    d.begin("a", [7, 8, 1, 2, 9, 7, 8, 1, 2, 6, 7, 8, 1, 2, 4, 7, 8, 1, 5, 3, 7, 8])
+    assert d.lookup("a", 8) == [1, 2]  # 1: 4 of 4; 2: 3 of 4 (>= 0.7); then 9, 6, 4: 1 of 4 each
+    assert d.lookup("a", 8, min_share=0.9) == [1]  # 2 is 3 of 4 only
+    assert d.lookup("a", 1) == [1]  # at most k
+    d.begin("b", [4, 5, 6, 4, 5, 7, 4, 5])  # "4 5" continues 6 .. and 7 ..: no majority
+    assert d.lookup("b", 4) == []
+    d.begin("c", [1, 2, 3])  # no earlier occurrence
+    assert d.lookup("c", 4) == []
+
+
+def test_lookup_reads_earlier_outputs_and_is_capped_by_the_match_length():
+    d = SuffixDrafter(min_n=2, max_n=2, depth=8, spec_factor=1.5)
+    d.begin("first", [5, 6, 7, 8, 9, 10, 11])
+    d.end("first")
+    d.begin("second", [1, 5, 6])  # "5 6": only in the first request's tokens
+    assert d.lookup("second", 8) == [7, 8, 9]  # a 2-token match drafts round(1.5 x 2) = 3 at most
+
+
+def test_majority_path_breaks_ties_by_the_lowest_id():
+    from verispec.drafters.trie import majority_path
+
+    assert majority_path([[4, 1], [3, 2]], 4, 0.5) == [3, 2]
+    assert majority_path([], 4, 0.5) == []
+    assert majority_path([[1, 2, 3]], 2, 1.0) == [1, 2]

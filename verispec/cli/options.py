@@ -48,7 +48,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drafter", default="model", choices=DRAFTERS,
         help="where draft tokens come from: model (the draft model), ngram (prompt lookup, no draft model), "
-        "composite (prompt lookup, else the model), tree (token trees from the draft model, see --tree), "
+        "composite (the continuation earlier occurrences of the current suffix agree on, in this and earlier "
+        "requests, else the model), tree (token trees from the draft model, see --tree), "
         "suffix (trees of what followed the current suffix earlier in this and earlier requests; no draft "
         "model), retrieval (trees of what followed it in --datastore; no draft model), medusa (heads on "
         "the target's hidden state, see --heads; no draft model), none (plain decoding). Default: model",

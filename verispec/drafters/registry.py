@@ -70,7 +70,7 @@ def make_drafter(
     )  # fmt: skip
     if name == "model":
         return model
-    return CompositeDrafter(NgramDrafter(ngram_min, ngram_max), model)
+    return CompositeDrafter(SuffixDrafter(min_n=ngram_min, max_n=max(ngram_max, 8)), model)
 
 
 def _model_free(name: str, ngram_min: int, ngram_max: int, datastore: Datastore | None) -> Drafter | None:

@@ -64,6 +64,29 @@ def best_continuations(
     return out_tokens, out_parents
 
 
+def majority_path(continuations: Sequence[Sequence[int]], limit: int, min_share: float) -> list[int]:
+    """The trie path of ``continuations`` taking at each depth the token most of them continue
+    with (the lowest id on ties), while its count is at least ``min_share`` of all of them; at most
+    ``limit`` tokens."""
+    path: list[int] = []
+    alive = list(continuations)
+    total = len(alive)
+    while len(path) < limit and alive:
+        depth = len(path)
+        counts: dict[int, int] = {}
+        for seq in alive:
+            if len(seq) > depth:
+                counts[seq[depth]] = counts.get(seq[depth], 0) + 1
+        if not counts:
+            break
+        token, count = min(counts.items(), key=lambda tc: (-tc[1], tc[0]))
+        if count < min_share * total:
+            break
+        path.append(token)
+        alive = [seq for seq in alive if len(seq) > depth and seq[depth] == token]
+    return path
+
+
 class Occurrences:
     """n-gram -> the (sequence, position after it) of its last ``keep`` occurrences, n in [min_n, max_n]."""
 
@@ -181,6 +204,20 @@ class ContinuationDrafter:
             if found:  # a draft of at most spec_factor x the match's length (a short match guesses little)
                 return best_continuations(found, min(budget, max(1, round(self.spec_factor * n))), self.min_share)
         return [], []
+
+    def lookup(self, request_id: str, k: int, min_share: float = 0.7) -> list[int]:
+        """The one continuation most of the earlier ones agree on, for a chain draft (the composite
+        drafter's lookup): from the longest matching suffix, the most frequent next token while
+        at least ``min_share`` of the continuations found pass through it; at most ``k`` tokens
+        and ``spec_factor`` times the match's length. Empty when nothing matches or the
+        continuations disagree from the first token (SuffixDecoding's fallback to a model draft)."""
+        own = self._get(request_id)
+        tokens = own.tokens
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            found = self.elsewhere(tokens[-n:]) + [tokens[pos : pos + self.depth] for pos in own.starts(n)]
+            if found:
+                return majority_path(found, min(k, max(1, round(self.spec_factor * n))), min_share)
+        return []
 
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
         room = batch.room if batch.room is not None else [self.max_nodes] * len(batch)

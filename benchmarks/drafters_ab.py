@@ -1,0 +1,88 @@
+"""Drafters side by side on a prompt set: which one makes the default pair fastest?
+
+One process, one engine per configuration over the machine's defaults (precisions, draft head, K
+per step), the configurations in rotating order per prompt (the host's speed moves from minute to
+minute), 128 tokens each, tok/s counting the prompt's prefill. Greedy runs assert that every
+configuration gives the same tokens. Configurations: ``plain`` (no drafter), ``model``,
+``composite`` (the suffix lookup, else the model: what ``--drafter composite`` builds),
+``ngram-composite`` (the composite with prompt lookup instead of the suffix lookup, as it was
+before), ``suffix``, ``ngram``. Reported per configuration: the median tok/s, and the median and
+geometric mean of its per-prompt ratio to the first configuration.
+
+    python benchmarks/drafters_ab.py --configs model,composite,ngram-composite,plain --set humaneval \\
+        --prompts 16 [--temperature 0] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from verispec.bench.prompts import prompt_set
+from verispec.config import SamplingParams
+from verispec.drafters.ngram import NgramDrafter
+from verispec.pipeline import Pipeline, build, machine_defaults
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+CONFIGS = ("plain", "model", "composite", "ngram-composite", "suffix", "ngram")
+
+
+def engine_for(name: str) -> Pipeline:
+    picked = machine_defaults(TARGET, DRAFT, "cpu")
+    if name in ("plain", "suffix", "ngram"):
+        return build(TARGET, None, drafter="none" if name == "plain" else name, dtype=picked.dtype, max_batch=1,
+                     max_len=4096)  # fmt: skip
+    drafter = "composite" if name == "ngram-composite" else name
+    pipe = build(TARGET, DRAFT, drafter=drafter, dtype=picked.dtype, draft_dtype=picked.draft_dtype,
+                 draft_head=picked.draft_head, max_batch=1, max_len=4096)  # fmt: skip
+    if name == "ngram-composite":
+        pipe.engine.drafter.lookup = NgramDrafter(2, 4)  # type: ignore[attr-defined]
+    return pipe
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="model,composite,ngram-composite,plain")
+    p.add_argument("--set", default="humaneval")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    names = [c for c in args.configs.split(",") if c]
+    if not names or not set(names) <= set(CONFIGS):
+        p.error(f"--configs takes some of {', '.join(CONFIGS)}")
+    engines = {name: engine_for(name) for name in names}
+    tok_s: dict[str, list[float]] = {name: [] for name in names}
+    for pi, text in enumerate(list(prompt_set(args.set))[: args.prompts]):
+        ids = engines[names[0]].target.tokenizer.encode(text)
+        first: list[int] | None = None
+        for name in names if pi % 2 == 0 else names[::-1]:
+            params = SamplingParams(temperature=args.temperature, max_tokens=args.tokens, seed=1000 + pi)
+            start = time.perf_counter()
+            out = engines[name].engine.generate([ids], [params])[0]
+            tok_s[name].append(len(out.token_ids) / (time.perf_counter() - start))
+            if args.temperature == 0:
+                first = first if first is not None else out.token_ids
+                assert out.token_ids == first, (pi, name)
+        print(pi, " ".join(f"{name}={tok_s[name][-1]:.1f}" for name in names), flush=True)
+    summary = {}
+    for name in names:
+        ratios = [a / b for a, b in zip(tok_s[name], tok_s[names[0]], strict=True)]
+        summary[name] = {
+            "median_tok_s": statistics.median(tok_s[name]),
+            "median_ratio": statistics.median(ratios),
+            "geomean_ratio": statistics.geometric_mean(ratios),
+        }
+        print(f"{name}: median {summary[name]['median_tok_s']:.2f} tok/s; per prompt / {names[0]}: median "
+              f"{summary[name]['median_ratio']:.3f}, geometric mean {summary[name]['geomean_ratio']:.3f}")  # fmt: skip
+    if args.json is not None:
+        payload = {"args": vars(args) | {"json": str(args.json)}, "tok_s": tok_s, "summary": summary}
+        args.json.write_text(json.dumps(payload, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
