@@ -6,6 +6,7 @@
 // and run by kernel_stream.py.
 //
 //   kernel_stream KIND N K M COPIES REPS THREADS     (KIND: int8, q4k or bf16)
+//   kernel_stream peak 0 0 0 0 REPS THREADS          (the tier's integer multiply alone, see peak())
 #include <omp.h>
 
 #include <chrono>
@@ -15,13 +16,78 @@
 #include <vector>
 
 #include "common.h"
+#include "vec.h"
 
 using namespace verispec;
+
+// The most 64-product groups per second the tier's integer multiply instruction retires on each of
+// `threads` threads: 12 independent accumulator chains (more than its latency x its throughput on
+// the CPUs measured), registers only, nothing else in the loop. What the int8 and Q4_K kernels can
+// at best reach with every other instruction free: VPDPBUSD on 512 bits (avx512) is one group,
+// on 256 bits (avx2vnni) half of one, VPMADDUBSW on 256 bits (avx2, without the widening add) half
+// of one, SDOT (neon) a quarter; the portable tier has no such instruction (0).
+#if VS_VEC_AVX512
+using PeakReg = __m512i;
+constexpr double kGroupsPerOp = 1.0;
+inline void peak_op(PeakReg& acc, PeakReg w, PeakReg x) { __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x)); }
+inline PeakReg peak_init(int i) { return _mm512_set1_epi32(i); }
+#elif VS_VEC_AVX2 && defined(__AVXVNNI__)
+using PeakReg = __m256i;
+constexpr double kGroupsPerOp = 0.5;
+inline void peak_op(PeakReg& acc, PeakReg w, PeakReg x) { __asm__ volatile("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x)); }
+inline PeakReg peak_init(int i) { return _mm256_set1_epi32(i); }
+#elif VS_VEC_AVX2
+using PeakReg = __m256i;
+constexpr double kGroupsPerOp = 0.5;
+inline void peak_op(PeakReg& acc, PeakReg w, PeakReg x) { __asm__ volatile("vpmaddubsw %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x)); }
+inline PeakReg peak_init(int i) { return _mm256_set1_epi32(i); }
+#elif VS_VEC_NEON
+using PeakReg = int32x4_t;
+constexpr double kGroupsPerOp = 0.25;
+inline void peak_op(PeakReg& acc, PeakReg w, PeakReg x) {
+  acc = vdotq_s32(acc, vreinterpretq_s8_s32(w), vreinterpretq_s8_s32(x));
+  __asm__ volatile("" : "+w"(acc));
+}
+inline PeakReg peak_init(int i) { return vdupq_n_s32(i); }
+#endif
+
+double peak(int reps, int threads) {
+#if VS_VEC_AVX512 || VS_VEC_AVX2 || VS_VEC_NEON
+  constexpr long kIters = 2000000;
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+    {
+      PeakReg w = peak_init(3), x = peak_init(5);
+      PeakReg a0 = peak_init(0), a1 = peak_init(1), a2 = peak_init(2), a3 = peak_init(3), a4 = peak_init(4),
+              a5 = peak_init(5), a6 = peak_init(6), a7 = peak_init(7), a8 = peak_init(8), a9 = peak_init(9),
+              a10 = peak_init(10), a11 = peak_init(11);
+      for (long i = 0; i < kIters; ++i) {
+        peak_op(a0, w, x), peak_op(a1, w, x), peak_op(a2, w, x), peak_op(a3, w, x), peak_op(a4, w, x);
+        peak_op(a5, w, x), peak_op(a6, w, x), peak_op(a7, w, x), peak_op(a8, w, x), peak_op(a9, w, x);
+        peak_op(a10, w, x), peak_op(a11, w, x);
+      }
+      // (the asm statements are volatile: the compiler keeps every one, in this order)
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = s < best ? s : best;
+  }
+  return 12.0 * kIters * threads * kGroupsPerOp / best / 1e9;
+#else
+  (void)reps, (void)threads;
+  return 0.0;
+#endif
+}
 
 int main(int argc, char** argv) {
   if (argc != 8) {
     std::fprintf(stderr, "usage: kernel_stream int8|q4k|bf16 N K M COPIES REPS THREADS\n");
     return 2;
+  }
+  if (!std::strcmp(argv[1], "peak")) {
+    std::printf("peak: %.2f G groups/s\n", peak(std::atoi(argv[6]), std::atoi(argv[7])));
+    return 0;
   }
   const bool q4 = !std::strcmp(argv[1], "q4k"), bf16 = !std::strcmp(argv[1], "bf16");
   const int64_t n = std::atol(argv[2]), k = std::atol(argv[3]);

@@ -8,6 +8,11 @@ every (kind, M) once, in turn; reported is the median over ``--rounds`` rounds o
 best of ``--reps`` sweeps: ms per matrix, weight GB/s, and 64-product multiply-add groups per
 second (bf16: four 16-lane FMAs count as one group). The default shape is the 1.5B's gate/up projection, [8960 x 1536].
 
+Each round also times the tier's integer multiply instruction alone on the same threads (VPDPBUSD,
+VPMADDUBSW or SDOT in a loop of independent chains: ``peak``), and the int8 / Q4_K rows say what
+share of it they reach: near 1, the kernel is bound by that instruction; well below 1 while the
+GB/s is below the machine's read bandwidth, something else in the kernel binds it.
+
     python benchmarks/kernel_stream.py [--tier avx512] [--kinds int8,q4k,bf16] [--shape 8960x1536]
         [--ms 1,8] [--mib 512] [--reps 5] [--rounds 5] [--threads 2] [--json out.json]
 """
@@ -28,6 +33,7 @@ from verispec.kernels.build import SOURCE_DIR, compiler, flags_of
 
 HERE = Path(__file__).resolve().parent
 LINE = re.compile(r": ([0-9.]+) ms, ([0-9.]+) GB/s, ([0-9.]+) G groups/s")
+PEAK = re.compile(r"peak: ([0-9.]+) G groups/s")
 
 
 def build(tier: dispatch.Tier, out: Path) -> Path:
@@ -59,9 +65,15 @@ def main() -> None:
     n, k = (int(v) for v in args.shape.lower().split("x"))
     kinds, ms = args.kinds.split(","), [int(v) for v in args.ms.split(",")]
     runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {(kind, m): [] for kind in kinds for m in ms}
+    peaks: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(tier, Path(tmp))
         for _ in range(args.rounds):
+            out = subprocess.run([str(exe), "peak", "0", "0", "0", "0", "3", str(args.threads)], check=True,
+                                 capture_output=True, text=True).stdout  # fmt: skip
+            found_peak = PEAK.search(out)
+            assert found_peak, out
+            peaks.append(float(found_peak.group(1)))
             for (kind, m), found_times in runs.items():
                 per_matrix = n * k * {"q4k": 144 / 256, "bf16": 2}.get(kind, 1)
                 copies = max(1, int(args.mib * 2**20 / per_matrix))
@@ -70,16 +82,20 @@ def main() -> None:
                 assert found, cmd
                 ms_all, gbps, groups = (float(v) for v in found.groups())
                 found_times.append((ms_all / copies, gbps, groups))
+    peak = statistics.median(peaks)
     print(f"### {tier.name} tier, {args.threads} threads, [{n} x {k}] matrices, about {args.mib} MiB per sweep")
-    print("| kernel | M | ms per matrix, median [min-max] | GB/s | G groups/s |")
-    print("|---|---|---|---|---|")
-    results: dict[str, Any] = {"tier": tier.name, "threads": args.threads, "n": n, "k": k, "cases": []}
+    if peak > 0:
+        print(f"integer multiply peak (the instruction alone, {args.threads} threads): {peak:.2f} G groups/s")
+    print("| kernel | M | ms per matrix, median [min-max] | GB/s | G groups/s | of the multiply peak |")
+    print("|---|---|---|---|---|---|")
+    results: dict[str, Any] = {"tier": tier.name, "threads": args.threads, "n": n, "k": k, "peak": peak, "cases": []}
     for (kind, m), values in runs.items():
         t = [v[0] for v in values]
         med = statistics.median(t)
         gbps, groups = (statistics.median(v[i] for v in values) for i in (1, 2))
-        print(f"| {kind} | {m} | {med:.3f} [{min(t):.3f}-{max(t):.3f}] | {gbps:.1f} | {groups:.2f} |")
-        results["cases"].append({"kind": kind, "m": m, "ms_median": med, "ms_all": t, "gbps": gbps})
+        share = f"{groups / peak:.2f}" if peak > 0 and kind != "bf16" else "-"
+        print(f"| {kind} | {m} | {med:.3f} [{min(t):.3f}-{max(t):.3f}] | {gbps:.1f} | {groups:.2f} | {share} |")
+        results["cases"].append({"kind": kind, "m": m, "ms_median": med, "ms_all": t, "gbps": gbps, "groups": groups})
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
