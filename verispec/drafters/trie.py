@@ -191,19 +191,32 @@ class ContinuationDrafter:
         """Continuations (``depth`` tokens at most) of ``suffix`` outside the request's own tokens."""
         return []
 
+    def _continuations(self, request_id: str) -> tuple[int, list[Sequence[int]]]:
+        """The longest suffix (``max_n`` down to ``min_n`` tokens) that occurred before, as its
+        length and what followed its occurrences (``depth`` tokens at most; none: ``(0, [])``)."""
+        own = self._get(request_id)
+        tokens = own.tokens
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            found = self.elsewhere(tokens[-n:]) + [tokens[pos : pos + self.depth] for pos in own.starts(n)]
+            if found:
+                return n, found
+        return 0, []
+
+    def _draft_size(self, matched: int) -> int:
+        """At most ``spec_factor`` x the match's length (a short match guesses little)."""
+        return max(1, round(self.spec_factor * matched))
+
     def tree(self, request_id: str, budget: int) -> tuple[list[int], list[int]]:
         """The tokens and parents (-1: the root) of the tree for one request, at most ``budget``
         nodes, parents first."""
-        own = self._get(request_id)
-        tokens = own.tokens
+        self._get(request_id)  # (an unknown request is an error even with no room)
         budget = min(budget, self.max_nodes)
         if budget <= 0:
             return [], []
-        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
-            found = self.elsewhere(tokens[-n:]) + [tokens[pos : pos + self.depth] for pos in own.starts(n)]
-            if found:  # a draft of at most spec_factor x the match's length (a short match guesses little)
-                return best_continuations(found, min(budget, max(1, round(self.spec_factor * n))), self.min_share)
-        return [], []
+        matched, found = self._continuations(request_id)
+        if not found:
+            return [], []
+        return best_continuations(found, min(budget, self._draft_size(matched)), self.min_share)
 
     def lookup(self, request_id: str, k: int, min_share: float = 0.7) -> list[int]:
         """The one continuation most of the earlier ones agree on, for a chain draft (the composite
@@ -211,13 +224,8 @@ class ContinuationDrafter:
         at least ``min_share`` of the continuations found pass through it; at most ``k`` tokens
         and ``spec_factor`` times the match's length. Empty when nothing matches or the
         continuations disagree from the first token (SuffixDecoding's fallback to a model draft)."""
-        own = self._get(request_id)
-        tokens = own.tokens
-        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
-            found = self.elsewhere(tokens[-n:]) + [tokens[pos : pos + self.depth] for pos in own.starts(n)]
-            if found:
-                return majority_path(found, min(k, max(1, round(self.spec_factor * n))), min_share)
-        return []
+        matched, found = self._continuations(request_id)
+        return majority_path(found, min(k, self._draft_size(matched)), min_share) if found else []
 
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
         room = batch.room if batch.room is not None else [self.max_nodes] * len(batch)
