@@ -82,7 +82,7 @@ double peak(int reps, int threads) {
 
 int main(int argc, char** argv) {
   if (argc != 8) {
-    std::fprintf(stderr, "usage: kernel_stream int8|q4k|bf16 N K M COPIES REPS THREADS\n");
+    std::fprintf(stderr, "usage: kernel_stream int8|q4k|bf16|peak N K M COPIES REPS THREADS\n");
     return 2;
   }
   if (!std::strcmp(argv[1], "peak")) {
