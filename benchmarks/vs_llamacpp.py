@@ -11,7 +11,9 @@ the (shared) machine hits all of them alike:
 - **llama.cpp spec (simple)**: ``llama-speculative-simple`` with the same pair (its printed decode
   speed: generation only, the prompt excluded);
 - **verispec plain** at each target precision of ``--configs``, and **verispec spec** for each
-  ``TARGET:DRAFT`` precision pair of ``--configs`` (K auto, ``--draft-vocab``).
+  ``TARGET:DRAFT`` precision pair of ``--configs`` (K auto, ``--draft-vocab``) and each drafter of
+  ``--drafters`` (``model``; ``composite``: the suffix lookup, else the model, named
+  ``verispec spec+composite``).
 
 Reported: median tokens/s per configuration, acceptance (accepted / drafted draft tokens),
 whether each speculative output equals its own plain output token for token (llama.cpp: the
@@ -24,7 +26,8 @@ path dies with an illegal instruction on batched passes (its worker threads lack
 permission on some kernels), the run retries it with ``--no-repack`` and says so.
 
     python benchmarks/vs_llamacpp.py [--prompts 5] [--tokens 128] [--threads 2]
-        [--configs int4:int8,bf16:int8] [--draft-vocab 32768] [--draft-max 4] [--json out.json]
+        [--configs int4:int8,bf16:int8] [--drafters model,composite] [--draft-vocab 32768] [--draft-max 4]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -160,6 +163,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default="int4:int8,bf16:int8", help="verispec TARGET:DRAFT precisions")
+    ap.add_argument("--drafters", default="model", help="verispec drafters with a draft model: model, composite")
     ap.add_argument("--draft-vocab", type=int, default=32768, help="verispec restricted draft head (0: off)")
     ap.add_argument("--draft-max", type=int, default=4, help="llama.cpp --spec-draft-n-max")
     ap.add_argument("--llama-cpp", type=Path, default=LLAMA_CPP_BIN)
@@ -179,10 +183,14 @@ def main() -> None:
         runners[f"verispec plain {target_dtype}"] = lambda text, p=plains[target_dtype]: verispec_run(
             p.engine, p.target.tokenizer.encode(text), args.tokens
         )
-    for target_dtype, draft_dtype in pairs:
-        spec = build(DEFAULT_TARGET, DEFAULT_DRAFT, drafter="model", dtype=target_dtype, draft_dtype=draft_dtype,
+    drafters = [d for d in args.drafters.split(",") if d]
+    if not drafters or not set(drafters) <= {"model", "composite"}:
+        ap.error("--drafters takes model and/or composite")
+    for (target_dtype, draft_dtype), drafter in ((pair, d) for pair in pairs for d in drafters):
+        spec = build(DEFAULT_TARGET, DEFAULT_DRAFT, drafter=drafter, dtype=target_dtype, draft_dtype=draft_dtype,
                      max_batch=1, max_len=2048, draft_head=args.draft_vocab or None)  # fmt: skip
-        runners[f"verispec spec {target_dtype}/{draft_dtype}"] = lambda text, s=spec: verispec_run(
+        label = "verispec spec" if drafter == "model" else f"verispec spec+{drafter}"
+        runners[f"{label} {target_dtype}/{draft_dtype}"] = lambda text, s=spec: verispec_run(
             s.engine, s.target.tokenizer.encode(text), args.tokens
         )
 

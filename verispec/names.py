@@ -16,12 +16,16 @@ Precision = Literal["fp32", "bf16", "int8", "int4", "int4-all"]
 #: Precisions whose projections are quantised (W8A8 integer kernels).
 QUANTIZED = ("int8", "int4", "int4-all")
 
-#: Where draft tokens come from (``--drafter``): the draft model, prompt lookup, prompt lookup
+#: Where draft tokens come from (``--drafter``): the draft model, prompt lookup, a suffix lookup
 #: else the model, the draft model's token trees, trees of earlier continuations of the current
 #: suffix (no model), trees of its continuations in a datastore of the user's files (no model),
 #: Medusa heads or an EAGLE head on the target's hidden states (no draft model), or none (plain
 #: decoding).
 DRAFTERS = ("model", "ngram", "composite", "tree", "suffix", "retrieval", "medusa", "eagle", "none")
+#: The commands' default drafter: the suffix lookup where earlier occurrences agree, else the draft
+#: model (at par with or ahead of the model alone on every prompt set measured, greedy and sampled:
+#: benchmarks/results/composite_suffix_zen5.md).
+DEFAULT_DRAFTER = "composite"
 #: The drafters that propose trees (medusa and eagle: when given a --tree).
 TREE_DRAFTERS = ("tree", "suffix", "retrieval")
 #: The drafters that need a draft model.

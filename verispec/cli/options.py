@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from verispec.names import DRAFTERS, LOSSLESS_RULES, PRECISIONS, TREE_CHILDREN
+from verispec.names import DEFAULT_DRAFTER, DRAFTERS, LOSSLESS_RULES, PRECISIONS, TREE_CHILDREN
 
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
@@ -46,13 +46,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model, same forms (default {DEFAULT_DRAFT})")
     p.add_argument(
-        "--drafter", default="model", choices=DRAFTERS,
+        "--drafter", default=DEFAULT_DRAFTER, choices=DRAFTERS,
         help="where draft tokens come from: model (the draft model), ngram (prompt lookup, no draft model), "
         "composite (the continuation earlier occurrences of the current suffix agree on, in this and earlier "
         "requests, else the model), tree (token trees from the draft model, see --tree), "
         "suffix (trees of what followed the current suffix earlier in this and earlier requests; no draft "
         "model), retrieval (trees of what followed it in --datastore; no draft model), medusa (heads on "
-        "the target's hidden state, see --heads; no draft model), none (plain decoding). Default: model",
+        "the target's hidden state, see --heads; no draft model), none (plain decoding). Default: composite",
     )  # fmt: skip
     p.add_argument(
         "--heads", default=None, metavar="PATH",

@@ -5,9 +5,9 @@ The lookup (:meth:`verispec.drafters.suffix.SuffixDrafter.lookup` as the registr
 object with the same ``lookup`` and life-cycle methods, e.g. :class:`~verispec.drafters.ngram.NgramDrafter`'s
 prompt lookup) proposes the continuation that most earlier occurrences of the current suffix agree
 on, in the request's own tokens and in earlier requests' outputs, and nothing when they disagree,
-so the model drafts where the text is new. Measured greedy on HumanEval and summarisation prompts,
-it beat prompt lookup + model in every run and was at par with or ahead of the model alone
-(``benchmarks/results/composite_suffix_zen5.md``).
+so the model drafts where the text is new. It beat prompt lookup + model in every run measured and
+was at par with or ahead of the model alone on HumanEval, summarisation and chat prompts, greedy
+and sampled (``benchmarks/results/composite_suffix_zen5.md``): the commands' default drafter.
 
 Rows drafted by the lookup report a one-hot law (a point mass: exactly what it "sampled"), rows
 drafted by the model report the model's law, so one :class:`~verispec.verify.Draft` carries both
