@@ -43,7 +43,7 @@ def test_cli_gate_on_tiny_gguf_pair(tmp_path: Path, capsys: pytest.CaptureFixtur
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     html, data = tmp_path / "gate.html", tmp_path / "gate.json"
     status = main([
-        "gate", "--target", str(target), "--draft", str(draft), "--k", "3", "--dtype", "fp32",
+        "gate", "--target", str(target), "--draft", str(draft), "--drafter", "model", "--k", "3", "--dtype", "fp32",
         "--prompts", str(prompts), "--concurrency", "1,2", "--max-tokens", "8", "--humaneval", str(humaneval),
         "--humaneval-max-tokens", "8", "--ppl-tokens", "24", "--bootstrap", "200", "--max-len", "1024",
         "--html", str(html), "--json", str(data), "--png", str(tmp_path / "gate.png"), "--law-samples", "40",

@@ -155,3 +155,18 @@ def test_the_registry_composite_looks_up_agreed_continuations_and_else_lets_the_
     assert out.probs is not None
     assert torch.equal(out.probs[0, :4].amax(-1), torch.ones(4))  # point masses
     assert torch.allclose(out.probs[1:, :2].sum(-1), torch.ones(2, 2))  # the model's laws
+
+
+def test_the_composite_says_how_many_model_passes_it_ran() -> None:
+    from verispec.certify.tiny import tiny_pair
+    from verispec.drafters.registry import make_drafter
+
+    _, draft = tiny_pair(8)
+    d = make_drafter("composite", draft_model=draft, vocab_size=8, max_batch=4, max_len=64)
+    d.begin("agreed", [1, 2, 3, 4, 5, 6, 7, 1, 2])
+    d.begin("fresh", [3, 5, 7])
+    params = [SamplingParams(temperature=0)] * 2
+    d.propose(BatchView(["agreed"], params[:1], [None], budgets=[6]), [2])
+    assert d.last_draft_passes == 0  # type: ignore[attr-defined]  # the lookup drafted the only row
+    d.propose(BatchView(["agreed", "fresh"], params, [None] * 2, budgets=[6, 6]), [2, 3])
+    assert d.last_draft_passes == 3  # type: ignore[attr-defined]  # the model drafted 3 for the fresh row

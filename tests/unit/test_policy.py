@@ -274,3 +274,22 @@ def test_the_calibrated_curve_is_rescaled_to_how_fast_real_steps_run() -> None:
     two = MeasuredPolicy(8, costs=CostTable({(1, 1): 0.03, (1, 2): 0.03, (4, 1): 0.06, (4, 2): 0.06}, 128, "t"))
     assert two._verify_cost(2, 1) == pytest.approx(0.04)
     assert two._verify_cost(8, 2) == pytest.approx(0.12)
+
+
+def test_a_lookup_only_step_is_no_sample_of_the_draft_models_cost() -> None:
+    """A composite step drafted by its lookup ran no model pass: its near-zero draft time must not
+    pull the policy's estimate of a model pass down (which would make long model drafts look
+    free); a mixed step's time is divided by the model passes it ran, not by its longest draft."""
+    from verispec.engine.recorder import StepRecord
+
+    lookup_only = StepRecord(1, 8, [8], [3], 0.0001, 0.1, draft_passes=0)
+    assert lookup_only.passes == 0 and lookup_only.draft_sample is None
+    mixed = StepRecord(2, 8, [8, 2], [3, 1], 0.02, 0.1, draft_passes=2)
+    assert mixed.passes == 2 and mixed.draft_sample == 0.02
+    assert StepRecord(1, 3, [3], [1], 0.03, 0.1).passes == 3  # a drafter that does not say: its longest draft
+    policy = MeasuredPolicy(8, costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1, 9: 0.1}))
+    batch = requests(2)
+    policy.observe(batch, [8, 2], [3, 1], mixed.draft_sample, 0.1, None, mixed.passes)
+    assert policy.draft_pass[2].value == pytest.approx(0.01)  # 0.02 s over 2 passes, not over 8
+    policy.observe(batch, [8, 0], [3, 0], lookup_only.draft_sample, 0.1, None, lookup_only.passes)
+    assert policy.draft_pass[2].value == pytest.approx(0.01)  # unchanged

@@ -247,11 +247,10 @@ def analyze_level(
         c_inferred = max(0.0, (al * tpot_s / tpot_b - 1.0) / k)
     steps = [s for run in per["spec"] for s in run.steps if s.num_passes > 0]
     c, c_source = None, "unknown: no engine step records and no TPOT measurement"
-    if steps:
-        draft = _median([s.draft_seconds / s.num_passes for s in steps])
-        verify = _median([s.verify_seconds for s in steps])
-        if draft is not None and verify:
-            c, c_source = draft / verify, "measured from engine step records"
+    draft = _median([s.draft_seconds / s.passes for s in steps if s.passes > 0])  # (lookup-only steps: no pass)
+    verify = _median([s.verify_seconds for s in steps])
+    if draft is not None and verify:
+        c, c_source = draft / verify, "measured from engine step records"
     elif c_inferred is not None:
         c, c_source = c_inferred, "inferred from the TPOT ratio (assumes verification costs one target step)"
     pairs = pairs_of(per["baseline"], per["spec"])

@@ -56,7 +56,7 @@ def run_once(engine: Engine, prompt: str, params: SamplingParams, mode: str) -> 
         decode_seconds=max(end - start - ttft, 0.0),
         ttft_seconds=ttft,
         stats=out.stats,
-        draft_pass_seconds=[s.draft_seconds / s.num_passes for s in steps if s.num_passes > 0],
+        draft_pass_seconds=[s.draft_seconds / s.passes for s in steps if s.passes > 0],
         verify_seconds=[s.verify_seconds for s in steps if s.num_passes > 0],
     )
 

@@ -105,7 +105,7 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     # or caught up on tokens committed while speculation was off), medians: the printed draft and
     # verify times are these, and c is their ratio.
     clean = [r for r in drafted_steps if r.draft_sample is not None]
-    draft_pass = statistics.median(r.draft_seconds / r.num_passes for r in clean) if clean else None
+    draft_pass = statistics.median(r.draft_seconds / r.passes for r in clean) if clean else None
     verify = statistics.median(r.verify_seconds for r in clean) if clean else None
     c = draft_pass / verify if draft_pass is not None and verify else None
     mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0

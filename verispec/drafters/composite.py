@@ -50,6 +50,7 @@ class CompositeDrafter:
     proposes: ClassVar[bool] = True
     uses_target_hidden: ClassVar[bool] = False
     last_catchup_tokens: int = 0  # the model drafter's, for the rows it drafted (0 when lookups drafted all)
+    last_draft_passes: int = 0  # the model's sequential passes in the last proposal (0 when lookups drafted all)
 
     def __init__(self, lookup: Lookup, model: ModelDrafter) -> None:
         self.lookup = lookup
@@ -80,6 +81,7 @@ class CompositeDrafter:
         model_k = [0 if found else k for found, k in zip(lookups, max_tokens, strict=True)]
         model_draft = self.model.propose(batch, model_k)
         self.last_catchup_tokens = self.model.last_catchup_tokens
+        self.last_draft_passes = max(model_k, default=0)
         n = len(batch)
         k_max = max([*max_tokens, *(len(found) for found in lookups)], default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)

@@ -268,7 +268,9 @@ class Engine:
         accepted, rows, paths, failed = self._judge(logits, batch, draft)  # 4-5. laws, then the rule
         self._keep_accepted(batch, draft, accepted, paths)  # 6. commit: the accepted path's KV stays
         self.recorder.verified()
-        step = self.recorder.record(counts, accepted, self.drafter.last_catchup_tokens)
+        # (a drafter whose drafts are not all model passes, the composite, says how many it ran)
+        passes: int | None = getattr(self.drafter, "last_draft_passes", None)
+        step = self.recorder.record(counts, accepted, self.drafter.last_catchup_tokens, passes)
         healthy = [i for i in range(len(batch)) if i not in failed]
         trees: list[TreeStep | None] = [None] * len(batch)
         if draft.is_tree:  # which child was accepted at each level (Sequoia's positional acceptance)
@@ -276,7 +278,7 @@ class Engine:
             parents = draft.parents.tolist()
             for i in healthy:
                 trees[i] = (parents[i][: counts[i]], paths[i])
-        self.policy.observe(batch, counts, accepted, step.draft_sample, step.verify_seconds, trees)
+        self.policy.observe(batch, counts, accepted, step.draft_sample, step.verify_seconds, trees, step.passes)
         self.recorder.charge(step, [(batch[i], counts[i], accepted[i], trees[i]) for i in healthy])
         outputs = [self._fail(batch[i], exc) for i, exc in failed.items()]
         for i in healthy:

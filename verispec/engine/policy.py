@@ -63,6 +63,7 @@ class DraftPolicy(Protocol):
         draft_seconds: float | None,  # None: the draft time held a one-off catch-up, not a cost sample
         verify_seconds: float,
         trees: Sequence[TreeStep | None] | None = None,  # tree drafts: each row's tree and accepted path
+        draft_passes: int | None = None,  # sequential draft passes the draft time paid for (None: the longest draft)
     ) -> None: ...
 
 
@@ -89,6 +90,7 @@ class FixedPolicy:
         draft_seconds: float | None,
         verify_seconds: float,
         trees: Sequence[TreeStep | None] | None = None,
+        draft_passes: int | None = None,
     ) -> None:
         return None
 
@@ -274,11 +276,13 @@ class MeasuredPolicy:
         draft_seconds: float | None,
         verify_seconds: float,
         trees: Sequence[TreeStep | None] | None = None,
+        draft_passes: int | None = None,
     ) -> None:
         k = max(drafted, default=0)
         self._observe_verify(len(batch), k + 1, verify_seconds)
-        if k > 0 and draft_seconds is not None:
-            self.draft_pass[len(batch)].update(draft_seconds / k)
+        passes = k if draft_passes is None else draft_passes
+        if passes > 0 and draft_seconds is not None:
+            self.draft_pass[len(batch)].update(draft_seconds / passes)
         for req, d, a in zip(batch, drafted, accepted, strict=True):
             reached, passed = self.per_request.setdefault(req.request_id, ([0.0] * self.max_k, [0.0] * self.max_k))
             for i in range(min(d, self.max_k)):
@@ -384,6 +388,7 @@ class TreePolicy(MeasuredPolicy):
         draft_seconds: float | None,
         verify_seconds: float,
         trees: Sequence[TreeStep | None] | None = None,
+        draft_passes: int | None = None,
     ) -> None:
         steps = list(trees) if trees is not None else [None] * len(batch)
         self._observe_verify(len(batch), max(drafted, default=0) + 1, verify_seconds)

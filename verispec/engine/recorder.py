@@ -30,13 +30,21 @@ class StepRecord:
     draft_seconds: float
     verify_seconds: float
     catchup_tokens: int = 0  # context the drafter fed before drafting (see STEADY_CATCHUP)
+    draft_passes: int | None = None  # the draft model's sequential passes, when the drafter says; None: num_passes
+
+    @property
+    def passes(self) -> int:
+        """The step's sequential draft passes: what its draft time paid for (a composite step whose
+        rows a lookup drafted ran fewer than its longest draft, or none)."""
+        return self.num_passes if self.draft_passes is None else self.draft_passes
 
     @property
     def draft_sample(self) -> float | None:
         """The draft time as a sample of what drafting costs, or None when the draft pass first
         caught up on a prompt or on tokens committed while speculation was off (the policy would
-        otherwise mistake that one-off cost for the price of a draft token)."""
-        return self.draft_seconds if self.catchup_tokens <= STEADY_CATCHUP else None
+        otherwise mistake that one-off cost for the price of a draft token), or when no draft pass
+        ran (lookup drafts only: their near-zero time is no price of a model pass)."""
+        return self.draft_seconds if self.catchup_tokens <= STEADY_CATCHUP and self.passes > 0 else None
 
 
 class StepRecorder:
@@ -56,10 +64,13 @@ class StepRecorder:
     def verified(self) -> None:
         self._verified = time.perf_counter()
 
-    def record(self, draft_tokens: list[int], accepted: list[int], catchup_tokens: int) -> StepRecord:
+    def record(
+        self, draft_tokens: list[int], accepted: list[int], catchup_tokens: int, draft_passes: int | None = None
+    ) -> StepRecord:
         step = StepRecord(
             len(draft_tokens), max(draft_tokens, default=0), draft_tokens, accepted,
             self._drafted - self._start, self._verified - self._drafted, catchup_tokens if any(draft_tokens) else 0,
+            draft_passes if any(draft_tokens) else None,
         )  # fmt: skip
         self.steps.append(step)
         return step
