@@ -170,3 +170,13 @@ def test_the_composite_says_how_many_model_passes_it_ran() -> None:
     assert d.last_draft_passes == 0  # type: ignore[attr-defined]  # the lookup drafted the only row
     d.propose(BatchView(["agreed", "fresh"], params, [None] * 2, budgets=[6, 6]), [2, 3])
     assert d.last_draft_passes == 3  # type: ignore[attr-defined]  # the model drafted 3 for the fresh row
+
+
+def test_the_commands_draft_with_the_composite_unless_told_otherwise() -> None:
+    from verispec.cli import build_parser
+
+    parser = build_parser()
+    for command in ("generate", "serve", "bench", "gate"):
+        args = parser.parse_args([command] + (["hello"] if command == "generate" else []))
+        assert args.drafter == "composite", command
+    assert parser.parse_args(["generate", "hi", "--drafter", "model"]).drafter == "model"

@@ -52,7 +52,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "requests, else the model), tree (token trees from the draft model, see --tree), "
         "suffix (trees of what followed the current suffix earlier in this and earlier requests; no draft "
         "model), retrieval (trees of what followed it in --datastore; no draft model), medusa (heads on "
-        "the target's hidden state, see --heads; no draft model), none (plain decoding). Default: composite",
+        f"the target's hidden state, see --heads; no draft model), none (plain decoding). Default: {DEFAULT_DRAFTER}",
     )  # fmt: skip
     p.add_argument(
         "--heads", default=None, metavar="PATH",

@@ -68,6 +68,9 @@ class Drafter(Protocol):
     # Context tokens the last propose() had to feed before drafting (a prompt, or tokens committed
     # while speculation was off); the policy does not take such a step's time as the draft cost.
     last_catchup_tokens: int
+    # A drafter whose draft tokens are not each one sequential pass (the composite: a lookup's
+    # tokens cost none) may also set ``last_draft_passes: int``, the passes the last propose() ran;
+    # the engine reads it where present (else the longest draft) to divide the draft time by.
 
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None: ...
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft: ...

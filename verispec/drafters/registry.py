@@ -70,7 +70,7 @@ def make_drafter(
     )  # fmt: skip
     if name == "model":
         return model
-    return CompositeDrafter(SuffixDrafter(min_n=ngram_min, max_n=max(ngram_max, 8)), model)
+    return CompositeDrafter(_suffix(ngram_min, ngram_max), model)
 
 
 def _model_free(name: str, ngram_min: int, ngram_max: int, datastore: Datastore | None) -> Drafter | None:
@@ -80,7 +80,7 @@ def _model_free(name: str, ngram_min: int, ngram_max: int, datastore: Datastore 
     if name == "ngram":
         return NgramDrafter(ngram_min, ngram_max)
     if name == "suffix":
-        return SuffixDrafter(min_n=ngram_min, max_n=max(ngram_max, 8))
+        return _suffix(ngram_min, ngram_max)
     if name == "retrieval":
         if datastore is None:
             raise ConfigError(
@@ -88,3 +88,9 @@ def _model_free(name: str, ngram_min: int, ngram_max: int, datastore: Datastore 
             )
         return RetrievalDrafter(datastore, min_n=ngram_min, max_n=max(ngram_max, 12))
     return None
+
+
+def _suffix(ngram_min: int, ngram_max: int) -> SuffixDrafter:
+    """The suffix index of the suffix drafter and of the composite's lookup: suffixes of
+    ``ngram_min`` to at least 8 tokens."""
+    return SuffixDrafter(min_n=ngram_min, max_n=max(ngram_max, 8))
