@@ -7,6 +7,7 @@
 //
 //   kernel_stream KIND N K M COPIES REPS THREADS     (KIND: int8, q4k or bf16)
 //   kernel_stream peak 0 0 0 0 REPS THREADS          (the tier's integer multiply alone, see peak())
+//   kernel_stream peak-mixed 0 0 0 0 REPS THREADS    (the same with Q4_K's epilogue FMAs, see peak_mixed())
 #include <omp.h>
 
 #include <chrono>
@@ -26,11 +27,21 @@ using namespace verispec;
 // at best reach with every other instruction free: VPDPBUSD on 512 bits (avx512) is one group,
 // on 256 bits (avx2vnni) half of one, VPMADDUBSW on 256 bits (avx2, without the widening add) half
 // of one, SDOT (neon) a quarter; the portable tier has no such instruction (0).
+//
+// `peak-mixed` times the same chains with the fp32 multiply-adds of the Q4_K kernel's epilogue
+// interleaved, five per sixteen multiplies (per activation row and 64 inputs: q4k_add_pair's mul
+// and four FMAs against 16 VPDPBUSD): where the two share execution pipes (Zen 5: VPDPBUSD and FMA
+// both issue on the same two), this is the most the eight-row Q4_K kernel can reach with its
+// arithmetic as it is. The avx512 tier only (0 elsewhere: the loop's 19 chains need its 32 registers).
 #if VS_VEC_AVX512
 using PeakReg = __m512i;
 constexpr double kGroupsPerOp = 1.0;
 inline void peak_op(PeakReg& acc, PeakReg w, PeakReg x) { __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x)); }
 inline PeakReg peak_init(int i) { return _mm512_set1_epi32(i); }
+#define VS_PEAK_MIXED 1
+using FmaReg = __m512;
+inline void fma_op(FmaReg& acc, FmaReg a, FmaReg b) { __asm__ volatile("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b)); }
+inline FmaReg fma_init(int i) { return _mm512_set1_ps(static_cast<float>(i)); }
 #elif VS_VEC_AVX2 && defined(__AVXVNNI__)
 using PeakReg = __m256i;
 constexpr double kGroupsPerOp = 0.5;
@@ -80,13 +91,50 @@ double peak(int reps, int threads) {
 #endif
 }
 
+// The multiplies of peak() with five FMAs per sixteen (see peak-mixed above), in G groups/s.
+double peak_mixed(int reps, int threads) {
+#if VS_PEAK_MIXED
+  constexpr long kIters = 4000000;
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+    {
+      PeakReg w = peak_init(3), x = peak_init(5);
+      PeakReg a0 = peak_init(0), a1 = peak_init(1), a2 = peak_init(2), a3 = peak_init(3), a4 = peak_init(4),
+              a5 = peak_init(5), a6 = peak_init(6), a7 = peak_init(7), a8 = peak_init(8), a9 = peak_init(9),
+              a10 = peak_init(10), a11 = peak_init(11);
+      FmaReg u = fma_init(1), v = fma_init(2), f0 = fma_init(0), f1 = fma_init(1), f2 = fma_init(2),
+             f3 = fma_init(3), f4 = fma_init(4);
+      for (long i = 0; i < kIters; ++i) {
+        peak_op(a0, w, x), peak_op(a1, w, x), peak_op(a2, w, x), peak_op(a3, w, x), peak_op(a4, w, x);
+        peak_op(a5, w, x), peak_op(a6, w, x), peak_op(a7, w, x), peak_op(a8, w, x), peak_op(a9, w, x);
+        peak_op(a10, w, x), peak_op(a11, w, x), peak_op(a0, w, x), peak_op(a1, w, x), peak_op(a2, w, x);
+        peak_op(a3, w, x);
+        fma_op(f0, u, v), fma_op(f1, u, v), fma_op(f2, u, v), fma_op(f3, u, v), fma_op(f4, u, v);
+      }
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = s < best ? s : best;
+  }
+  return 16.0 * kIters * threads * kGroupsPerOp / best / 1e9;
+#else
+  (void)reps, (void)threads;
+  return 0.0;
+#endif
+}
+
 int main(int argc, char** argv) {
   if (argc != 8) {
-    std::fprintf(stderr, "usage: kernel_stream int8|q4k|bf16|peak N K M COPIES REPS THREADS\n");
+    std::fprintf(stderr, "usage: kernel_stream int8|q4k|bf16|peak|peak-mixed N K M COPIES REPS THREADS\n");
     return 2;
   }
   if (!std::strcmp(argv[1], "peak")) {
     std::printf("peak: %.2f G groups/s\n", peak(std::atoi(argv[6]), std::atoi(argv[7])));
+    return 0;
+  }
+  if (!std::strcmp(argv[1], "peak-mixed")) {
+    std::printf("peak: %.2f G groups/s\n", peak_mixed(std::atoi(argv[6]), std::atoi(argv[7])));
     return 0;
   }
   const bool q4 = !std::strcmp(argv[1], "q4k"), bf16 = !std::strcmp(argv[1], "bf16");
