@@ -5,6 +5,8 @@ per step), the configurations in rotating order per prompt (the host's speed mov
 minute), 128 tokens each, tok/s counting the prompt's prefill. Greedy runs assert that every
 configuration gives the same tokens. Configurations: ``plain`` (no drafter), ``model``,
 ``composite`` (the suffix lookup, else the model: what ``--drafter composite`` builds),
+``composite-before`` (the composite as it was before its lookups drafted on the steps the policy
+gave the model none, and before the policy kept them out of the model's acceptance),
 ``ngram-composite`` (the composite with prompt lookup instead of the suffix lookup, as it was
 before), ``suffix``, ``ngram``. Reported per configuration: the median tok/s, and the median and
 geometric mean of its per-prompt ratio to the first configuration.
@@ -27,7 +29,7 @@ from verispec.drafters.ngram import NgramDrafter
 from verispec.pipeline import Pipeline, build, machine_defaults
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
-CONFIGS = ("plain", "model", "composite", "ngram-composite", "suffix", "ngram")
+CONFIGS = ("plain", "model", "composite", "composite-before", "ngram-composite", "suffix", "ngram")
 
 
 def engine_for(name: str) -> Pipeline:
@@ -35,9 +37,13 @@ def engine_for(name: str) -> Pipeline:
     if name in ("plain", "suffix", "ngram"):
         return build(TARGET, None, drafter="none" if name == "plain" else name, dtype=picked.dtype, max_batch=1,
                      max_len=4096)  # fmt: skip
-    drafter = "composite" if name == "ngram-composite" else name
+    drafter = "composite" if name in ("ngram-composite", "composite-before") else name
     pipe = build(TARGET, DRAFT, drafter=drafter, dtype=picked.dtype, draft_dtype=picked.draft_dtype,
                  draft_head=picked.draft_head, max_batch=1, max_len=4096)  # fmt: skip
+    if name == "composite-before":  # lookups only where the model drafts, counted in the model's acceptance
+        pipe.engine.drafter.free_when_off = False  # type: ignore[attr-defined]
+        observe = pipe.engine.policy.observe
+        pipe.engine.policy.observe = lambda *a, **kw: observe(*a[:7])  # type: ignore[method-assign]
     if name == "ngram-composite":
         pipe.engine.drafter.lookup = NgramDrafter(2, 4)  # type: ignore[attr-defined]
     return pipe

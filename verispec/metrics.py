@@ -44,6 +44,10 @@ class SpecStats:
     # trees: visits of a node with a child of rank i verified, and acceptances of that child
     rank_reached: list[int] = field(default_factory=list)
     rank_accepted: list[int] = field(default_factory=list)
+    # drafts that cost no model pass (a composite's lookup), counted in the totals above as well
+    num_free_drafts: int = 0
+    num_free_draft_tokens: int = 0
+    num_free_accepted_tokens: int = 0
 
     def observe_tree(self, parents: Sequence[int], path: Sequence[int]) -> None:
         """Record which child was accepted at each node of one tree step's accepted ``path``
@@ -65,12 +69,17 @@ class SpecStats:
                 raise ValueError(f"accepted node {node} is not a child of node {path[depth - 1] if depth else -1}")
             self.rank_accepted[kids.index(node)] += 1
 
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
-        """Record one verification step that drafted ``num_draft_tokens`` and accepted ``num_accepted``."""
+    def observe(self, num_draft_tokens: int, num_accepted: int, free: bool = False) -> None:
+        """Record one verification step that drafted ``num_draft_tokens`` and accepted ``num_accepted``
+        (``free``: a draft that cost no model pass, a composite's lookup)."""
         if not 0 <= num_accepted <= num_draft_tokens:
             raise ValueError(f"accepted {num_accepted} of {num_draft_tokens} draft tokens is impossible")
         if num_draft_tokens == 0:
             return
+        if free:
+            self.num_free_drafts += 1
+            self.num_free_draft_tokens += num_draft_tokens
+            self.num_free_accepted_tokens += num_accepted
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
@@ -120,6 +129,9 @@ class SpecStats:
             self.num_draft_tokens + other.num_draft_tokens,
             self.num_accepted_tokens + other.num_accepted_tokens,
             num_rejected=self.num_rejected + other.num_rejected,
+            num_free_drafts=self.num_free_drafts + other.num_free_drafts,
+            num_free_draft_tokens=self.num_free_draft_tokens + other.num_free_draft_tokens,
+            num_free_accepted_tokens=self.num_free_accepted_tokens + other.num_free_accepted_tokens,
         )
         for mine, theirs, target in (
             (self.accepted_per_pos, other.accepted_per_pos, out.accepted_per_pos),
@@ -184,6 +196,9 @@ class SpecStats:
             "rank_reached": list(self.rank_reached),
             "rank_accepted": list(self.rank_accepted),
             "positional_acceptance": self.positional_acceptance,
+            "num_free_drafts": self.num_free_drafts,
+            "num_free_draft_tokens": self.num_free_draft_tokens,
+            "num_free_accepted_tokens": self.num_free_accepted_tokens,
         }
 
 

@@ -70,11 +70,25 @@ def test_generate_json(pair: tuple[Path, Path], drafter: str, capsys: pytest.Cap
     assert len(out["token_ids"]) <= 12 and out["finish_reason"] in ("stop", "length")
     assert set(out["spec"]) >= {"acceptance_rate", "mean_acceptance_length", "acceptance_per_position"}
     assert out["lossless"] is True
+    assert 0 <= out["spec"]["num_free_drafts"] <= out["spec"]["num_drafts"]  # lookup drafts: the composite's only
+    assert drafter == "composite" or out["spec"]["num_free_drafts"] == 0
     # spec on and spec off give the same greedy text
     plain_args = ["--drafter", "none", "--max-tokens", "12", "--dtype", "fp32", "--json"]
     code = main(["generate", "hello world", "--target", str(target), *plain_args])
     plain = json.loads(capsys.readouterr().out)
     assert plain["token_ids"] == out["token_ids"]
+
+
+def test_the_report_shows_the_lookups_drafts_and_the_models_apart() -> None:
+    from verispec.cli.generate import free_drafts_line
+    from verispec.metrics import SpecStats
+
+    stats = SpecStats()
+    stats.observe(6, 6, free=True)
+    stats.observe(3, 1)
+    stats.observe(2, 2)
+    line = free_drafts_line(stats.as_dict())
+    assert line == "the lookup 1 of 3 drafts, 6/6 accepted (1.000); the model 2, 3/5 accepted (0.600)"
 
 
 def test_generate_streams_text_then_stats(pair: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:

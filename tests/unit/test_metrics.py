@@ -19,6 +19,20 @@ def test_chain_counts_follow_the_vllm_definitions() -> None:
         s.observe(2, 3)
 
 
+def test_free_drafts_are_counted_in_the_totals_and_apart() -> None:
+    """A composite's lookup drafts (no model pass) count like any draft, and apart as well, so the
+    model's own acceptance is what is left."""
+    s = SpecStats()
+    s.observe(6, 6, free=True)
+    s.observe(3, 1)
+    s.observe(4, 2, free=True)
+    assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens) == (3, 13, 9)
+    assert (s.num_free_drafts, s.num_free_draft_tokens, s.num_free_accepted_tokens) == (2, 10, 8)
+    both = s.merge(s)
+    assert (both.num_free_drafts, both.num_free_draft_tokens, both.num_free_accepted_tokens) == (4, 20, 16)
+    assert s.as_dict()["num_free_accepted_tokens"] == 8
+
+
 def test_draft_lengths_chosen_per_step_are_counted_where_drafted() -> None:
     import torch
 

@@ -107,8 +107,10 @@ def test_bad_config() -> None:
 
 def test_composite_lookup_runs_to_the_budget_and_the_model_keeps_the_scheduled_length() -> None:
     """In a composite draft, a prompt-lookup row may draft past the scheduled length, up to its
-    budget (free tokens); a model row keeps the scheduled length; a row scheduled for 0 gets none;
-    without budgets (a fixed K) the scheduled length holds for both."""
+    budget (free tokens); a model row keeps the scheduled length; a row scheduled for 0 gets its
+    lookup's draft within its budget (the model's drafts were not worth their passes, a lookup
+    costs none), and nothing without one; without budgets (a fixed K) the scheduled length holds
+    for both."""
     import torch
 
     from verispec.certify.tiny import tiny_pair
@@ -123,11 +125,16 @@ def test_composite_lookup_runs_to_the_budget_and_the_model_keeps_the_scheduled_l
     params = [SamplingParams(temperature=0)] * 3
     view = BatchView(list(contexts), params, [None] * 3, budgets=[6, 6, 6])
     draft_ = d.propose(view, [2, 2, 0])
-    assert draft_.num_tokens.tolist() == [6, 2, 0]
+    assert draft_.num_tokens.tolist() == [6, 2, 3]
+    assert draft_.token_ids[2, :3].tolist() == [3, 1, 2]  # what followed "1 2", for the row scheduled 0
+    assert d.last_free_rows == (True, False, True)
     assert draft_.token_ids[0].tolist() == [3, 4, 5, 6, 7, 1]  # what followed "1 2", past K = 2
     assert draft_.probs is not None and torch.equal(draft_.probs[0, :6].argmax(-1), draft_.token_ids[0])
     again = CompositeDrafter(NgramDrafter(), ModelDrafter(draft, vocab_size=8, max_batch=4, max_len=64))
     again.begin("copy", contexts["copy"])
+    again.begin("off", contexts["off"])
+    no_room = BatchView(["off"], params[:1], [None], budgets=[0])
+    assert again.propose(no_room, [0]).num_tokens.tolist() == [0]
     fixed = BatchView(["copy"], params[:1], [None])  # no budgets: K holds
     assert again.propose(fixed, [2]).token_ids.tolist() == [[3, 4]]
 
@@ -157,7 +164,7 @@ def test_the_registry_composite_looks_up_agreed_continuations_and_else_lets_the_
     assert torch.allclose(out.probs[1:, :2].sum(-1), torch.ones(2, 2))  # the model's laws
 
 
-def test_the_composite_says_how_many_model_passes_it_ran() -> None:
+def test_the_composite_says_how_many_model_passes_it_ran_and_which_rows_were_free() -> None:
     from verispec.certify.tiny import tiny_pair
     from verispec.drafters.registry import make_drafter
 
@@ -168,8 +175,10 @@ def test_the_composite_says_how_many_model_passes_it_ran() -> None:
     params = [SamplingParams(temperature=0)] * 2
     d.propose(BatchView(["agreed"], params[:1], [None], budgets=[6]), [2])
     assert d.last_draft_passes == 0  # type: ignore[attr-defined]  # the lookup drafted the only row
+    assert d.last_free_rows == (True,)  # type: ignore[attr-defined]
     d.propose(BatchView(["agreed", "fresh"], params, [None] * 2, budgets=[6, 6]), [2, 3])
     assert d.last_draft_passes == 3  # type: ignore[attr-defined]  # the model drafted 3 for the fresh row
+    assert d.last_free_rows == (True, False)  # type: ignore[attr-defined]
 
 
 def test_the_commands_draft_with_the_composite_unless_told_otherwise() -> None:

@@ -293,3 +293,16 @@ def test_a_lookup_only_step_is_no_sample_of_the_draft_models_cost() -> None:
     assert policy.draft_pass[2].value == pytest.approx(0.01)  # 0.02 s over 2 passes, not over 8
     policy.observe(batch, [8, 0], [3, 0], lookup_only.draft_sample, 0.1, None, lookup_only.passes)
     assert policy.draft_pass[2].value == pytest.approx(0.01)  # unchanged
+
+
+def test_a_lookups_drafts_are_kept_out_of_the_models_acceptance() -> None:
+    """The acceptance the policy expects is that of the drafts K schedules (the model's): a
+    composite's lookup rows, drafted for free and to their own length, do not move it."""
+    policy = MeasuredPolicy(8, costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1, 9: 0.1}))
+    batch = requests(2)
+    before = policy.acceptance("r0")
+    for _ in range(10):  # lookups rejected at once in row 0; the model's draft in row 1 accepted whole
+        policy.observe(batch, [8, 2], [0, 2], 0.01, 0.1, None, 2, [True, False])
+    assert policy.reached[0] == 10 and policy.passed[0] == 10  # row 1's first positions only
+    assert "r0" not in policy.per_request or sum(policy.per_request["r0"][0]) == 0
+    assert policy.acceptance("r1")[0] > before[0]

@@ -137,6 +137,21 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     }
 
 
+def free_drafts_line(spec: dict[str, Any]) -> str:
+    """The lookup's drafts and the model's, apart: how many of each, and their acceptance rates."""
+    free, drafts = spec["num_free_drafts"], spec["num_drafts"]
+    free_acc, free_tok = spec["num_free_accepted_tokens"], spec["num_free_draft_tokens"]
+    model_acc, model_tok = spec["num_accepted_tokens"] - free_acc, spec["num_draft_tokens"] - free_tok
+
+    def rate(accepted: int, tokens: int) -> str:
+        return f"{accepted}/{tokens} accepted" + (f" ({accepted / tokens:.3f})" if tokens else "")
+
+    return (
+        f"the lookup {free} of {drafts} drafts, {rate(free_acc, free_tok)}; "
+        f"the model {drafts - free}, {rate(model_acc, model_tok)}"
+    )
+
+
 def print_report(summary: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
@@ -160,6 +175,8 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
         per_pos = ", ".join(f"{x:.2f}" for x in spec["acceptance_where_drafted"])
         reached = ", ".join(str(n) for n in spec["drafted_per_pos"])
         table.add_row("acceptance per position", f"{per_pos} (of {reached} steps drafting it)" if per_pos else "-")
+    if spec["num_free_drafts"]:  # a composite: its lookup's drafts and the model's apart
+        table.add_row("drafted by", free_drafts_line(spec))
     if spec["rank_reached"]:  # trees: Sequoia's positional acceptance, what verispec analyze --tree-acceptance takes
         ranks = ", ".join(f"{x:.2f}" for x in spec["positional_acceptance"])
         table.add_row("acceptance by child rank", f"{ranks} (verispec analyze --tree-acceptance)")

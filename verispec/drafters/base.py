@@ -71,6 +71,11 @@ class Drafter(Protocol):
     # A drafter whose draft tokens are not each one sequential pass (the composite: a lookup's
     # tokens cost none) may also set ``last_draft_passes: int``, the passes the last propose() ran;
     # the engine reads it where present (else the longest draft) to divide the draft time by.
+    # It may also set ``last_free_rows: tuple[bool, ...]``, per row of the last proposal whether
+    # its draft cost no model pass (a lookup's): the policy then keeps such rows out of the
+    # acceptance it expects of the model's drafts, and the request's stats count them apart; and
+    # declare ``free_when_off = True`` to be asked for such drafts on steps the policy schedules
+    # no draft for (the rows' ``BatchView.budgets`` then say how far they may go).
 
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None: ...
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft: ...

@@ -18,10 +18,12 @@ either can take over at any step.
 
 A lookup draft is not held to the draft length scheduled for the model (see :meth:`propose`): it
 costs nothing to make, so with K chosen per step it runs to the row's budget
-(``BatchView.budgets``: the engine's ``max_draft_tokens``, or fewer near the end of the request);
-a fixed K holds for both. On text that repeats its input this
-is where the composite gains over the model alone. The lengths depend on the committed context
-only, so the output's law is unchanged.
+(``BatchView.budgets``: the policy's ceiling, or fewer near the end of the request), and it
+drafts on the steps the policy schedules no model draft for as well (``free_when_off``: the
+engine then asks for a proposal all the same); a fixed K holds for both. On text that repeats its
+input this is where the composite gains over the model alone. The lengths depend on the committed
+context only, so the output's law is unchanged. Which rows the lookup drafted
+(``last_free_rows``) the policy keeps out of the acceptance it expects of the model's drafts.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class CompositeDrafter:
     uses_target_hidden: ClassVar[bool] = False
     last_catchup_tokens: int = 0  # the model drafter's, for the rows it drafted (0 when lookups drafted all)
     last_draft_passes: int = 0  # the model's sequential passes in the last proposal (0 when lookups drafted all)
+    last_free_rows: tuple[bool, ...] = ()  # per row of the last proposal: drafted by the lookup (no model pass)
+    free_when_off: bool = True  # looks up on the steps the policy schedules no model draft for (see propose)
 
     def __init__(self, lookup: Lookup, model: ModelDrafter) -> None:
         self.lookup = lookup
@@ -72,16 +76,20 @@ class CompositeDrafter:
         # The scheduled length is sized for the model's drafts, which cost a pass per token and are
         # accepted less often deep into the draft; a lookup draft costs nothing and continues
         # a span seen before, so it may run to the row's budget (verification of a longer chain
-        # costs about the same while decoding is memory-bound). A row scheduled for 0 gets nothing.
+        # costs about the same while decoding is memory-bound). A row scheduled for 0 gets a lookup
+        # draft all the same where it has a budget (the policy found the model's drafts not worth
+        # their passes; a lookup costs none): with a fixed K, or at the end of its tokens, nothing.
         budgets = batch.budgets if batch.budgets is not None else max_tokens
+        free_ok = self.free_when_off and batch.budgets is not None
         lookups = [
-            self.lookup.lookup(rid, max(k, budget)) if k > 0 else []
+            self.lookup.lookup(rid, max(k, budget)) if k > 0 or (free_ok and budget > 0) else []
             for rid, k, budget in zip(batch.request_ids, max_tokens, budgets, strict=True)
         ]
         model_k = [0 if found else k for found, k in zip(lookups, max_tokens, strict=True)]
         model_draft = self.model.propose(batch, model_k)
         self.last_catchup_tokens = self.model.last_catchup_tokens
         self.last_draft_passes = max(model_k, default=0)
+        self.last_free_rows = tuple(bool(found) for found in lookups)
         n = len(batch)
         k_max = max([*max_tokens, *(len(found) for found in lookups)], default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)

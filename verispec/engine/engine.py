@@ -270,6 +270,8 @@ class Engine:
         self.recorder.verified()
         # (a drafter whose drafts are not all model passes, the composite, says how many it ran)
         passes: int | None = getattr(self.drafter, "last_draft_passes", None)
+        free: tuple[bool, ...] = getattr(self.drafter, "last_free_rows", ())  # (rows without a draft ignore it)
+        free = free if len(free) == len(batch) else (False,) * len(batch)
         step = self.recorder.record(counts, accepted, self.drafter.last_catchup_tokens, passes)
         healthy = [i for i in range(len(batch)) if i not in failed]
         trees: list[TreeStep | None] = [None] * len(batch)
@@ -278,8 +280,8 @@ class Engine:
             parents = draft.parents.tolist()
             for i in healthy:
                 trees[i] = (parents[i][: counts[i]], paths[i])
-        self.policy.observe(batch, counts, accepted, step.draft_sample, step.verify_seconds, trees, step.passes)
-        self.recorder.charge(step, [(batch[i], counts[i], accepted[i], trees[i]) for i in healthy])
+        self.policy.observe(batch, counts, accepted, step.draft_sample, step.verify_seconds, trees, step.passes, free)
+        self.recorder.charge(step, [(batch[i], counts[i], accepted[i], trees[i], free[i]) for i in healthy])
         outputs = [self._fail(batch[i], exc) for i, exc in failed.items()]
         for i in healthy:
             try:
@@ -304,7 +306,7 @@ class Engine:
     ) -> Draft:
         """The drafter's proposal for the rows with ``ks[b] > 0`` (nothing is asked of it, and no
         randomness spent, when no row drafts); a drafter fault costs this step its draft."""
-        if not any(ks):
+        if not any(ks) and not (getattr(self.drafter, "free_when_off", False) and any(ceilings)):
             return self._empty_draft(len(batch))
         room = [min(r, self.config.max_draft_tokens) for r in room]
         view = BatchView(

@@ -19,6 +19,12 @@ the times of real steps (the calibrated curve keeps its shape and takes its leve
 While speculation is off, a short probe draft every ``probe_every`` steps
 keeps the acceptance estimates alive, so that speculation comes back when the text becomes
 predictable again.
+
+The ``a_i`` are those of the drafts K schedules. A composite drafter's lookup drafts (``free_rows``
+in :meth:`MeasuredPolicy.observe`) cost no model pass and are not held to K: they are kept out
+of the estimates, which would otherwise mix two kinds of draft (on summarisation prompts the
+lookups' long chains pulled the estimates down and the model's drafts were cut short; see
+``benchmarks/results/composite_free_rows_zen5.md``).
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class DraftPolicy(Protocol):
         verify_seconds: float,
         trees: Sequence[TreeStep | None] | None = None,  # tree drafts: each row's tree and accepted path
         draft_passes: int | None = None,  # sequential draft passes the draft time paid for (None: the longest draft)
+        free_rows: Sequence[bool] | None = None,  # rows whose draft cost no model pass (a composite's lookup)
     ) -> None: ...
 
 
@@ -91,6 +98,7 @@ class FixedPolicy:
         verify_seconds: float,
         trees: Sequence[TreeStep | None] | None = None,
         draft_passes: int | None = None,
+        free_rows: Sequence[bool] | None = None,
     ) -> None:
         return None
 
@@ -277,13 +285,17 @@ class MeasuredPolicy:
         verify_seconds: float,
         trees: Sequence[TreeStep | None] | None = None,
         draft_passes: int | None = None,
+        free_rows: Sequence[bool] | None = None,
     ) -> None:
         k = max(drafted, default=0)
         self._observe_verify(len(batch), k + 1, verify_seconds)
         passes = k if draft_passes is None else draft_passes
         if passes > 0 and draft_seconds is not None:
             self.draft_pass[len(batch)].update(draft_seconds / passes)
-        for req, d, a in zip(batch, drafted, accepted, strict=True):
+        free = free_rows if free_rows is not None else [False] * len(batch)
+        for req, d, a, is_free in zip(batch, drafted, accepted, free, strict=True):
+            if is_free:  # a lookup's draft: not what K schedules
+                continue
             reached, passed = self.per_request.setdefault(req.request_id, ([0.0] * self.max_k, [0.0] * self.max_k))
             for i in range(min(d, self.max_k)):
                 if i > a:
@@ -389,6 +401,7 @@ class TreePolicy(MeasuredPolicy):
         verify_seconds: float,
         trees: Sequence[TreeStep | None] | None = None,
         draft_passes: int | None = None,
+        free_rows: Sequence[bool] | None = None,
     ) -> None:
         steps = list(trees) if trees is not None else [None] * len(batch)
         self._observe_verify(len(batch), max(drafted, default=0) + 1, verify_seconds)

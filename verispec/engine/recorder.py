@@ -76,14 +76,16 @@ class StepRecorder:
         return step
 
     def charge(
-        self, step: StepRecord, rows: Sequence[tuple[Request, int, int, tuple[Sequence[int], Sequence[int]] | None]]
+        self,
+        step: StepRecord,
+        rows: Sequence[tuple[Request, int, int, tuple[Sequence[int], Sequence[int]] | None, bool]],
     ) -> None:
-        """Each request's share of the step, for ``(request, draft tokens, accepted, tree)`` rows
-        (``tree``: a tree draft's parents and accepted path, else None): its acceptance figures,
-        its draft and verification time, one more step, and the moment its new tokens were
-        committed."""
-        for req, drafted, accepted, tree in rows:
-            req.stats.observe(drafted, accepted)
+        """Each request's share of the step, for ``(request, draft tokens, accepted, tree, free)``
+        rows (``tree``: a tree draft's parents and accepted path, else None; ``free``: a draft that
+        cost no model pass): its acceptance figures, its draft and verification time, one more
+        step, and the moment its new tokens were committed."""
+        for req, drafted, accepted, tree, free in rows:
+            req.stats.observe(drafted, accepted, free)
             if tree is not None:
                 req.stats.observe_tree(*tree)
             req.timings.steps += 1
