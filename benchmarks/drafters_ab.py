@@ -8,8 +8,10 @@ configuration gives the same tokens. Configurations: ``plain`` (no drafter), ``m
 ``composite-before`` (the composite as it was before its lookups drafted on the steps the policy
 gave the model none, and before the policy kept them out of the model's acceptance),
 ``ngram-composite`` (the composite with prompt lookup instead of the suffix lookup, as it was
-before), ``suffix``, ``ngram``. Reported per configuration: the median tok/s, and the median and
-geometric mean of its per-prompt ratio to the first configuration.
+before), ``suffix``, ``ngram``. Printed per prompt: each configuration's tok/s, and how many of its
+decode steps drafted and how many of those drafts a lookup made for free; reported per
+configuration: the median tok/s, and the median and geometric mean of its per-prompt ratio to the
+first configuration.
 
     python benchmarks/drafters_ab.py --configs model,composite,ngram-composite,plain --set humaneval \\
         --prompts 16 [--temperature 0] [--json out.json]
@@ -63,6 +65,8 @@ def main() -> None:
         p.error(f"--configs takes some of {', '.join(CONFIGS)}")
     engines = {name: engine_for(name) for name in names}
     tok_s: dict[str, list[float]] = {name: [] for name in names}
+    # per prompt: decode steps, steps with a draft, drafts a lookup made for free (no model pass)
+    steps: dict[str, list[dict[str, int]]] = {name: [] for name in names}
     for pi, text in enumerate(list(prompt_set(args.set))[: args.prompts]):
         ids = engines[names[0]].target.tokenizer.encode(text)
         first: list[int] | None = None
@@ -71,10 +75,15 @@ def main() -> None:
             start = time.perf_counter()
             out = engines[name].engine.generate([ids], [params])[0]
             tok_s[name].append(len(out.token_ids) / (time.perf_counter() - start))
+            st = out.stats  # (every step commits its accepted tokens and one more; the first comes from the prefill)
+            steps[name].append({"steps": len(out.token_ids) - 1 - st.num_accepted_tokens, "drafts": st.num_drafts,
+                                "free": st.num_free_drafts})  # fmt: skip
             if args.temperature == 0:
                 first = first if first is not None else out.token_ids
                 assert out.token_ids == first, (pi, name)
-        print(pi, " ".join(f"{name}={tok_s[name][-1]:.1f}" for name in names), flush=True)
+        shown = (f"{name}={tok_s[name][-1]:.1f} ({steps[name][-1]['drafts']} drafts, {steps[name][-1]['free']} free, "
+                 f"{steps[name][-1]['steps']} steps)" for name in names)  # fmt: skip
+        print(pi, " ".join(shown), flush=True)
     summary = {}
     for name in names:
         ratios = [a / b for a, b in zip(tok_s[name], tok_s[names[0]], strict=True)]
@@ -86,7 +95,7 @@ def main() -> None:
         print(f"{name}: median {summary[name]['median_tok_s']:.2f} tok/s; per prompt / {names[0]}: median "
               f"{summary[name]['median_ratio']:.3f}, geometric mean {summary[name]['geomean_ratio']:.3f}")  # fmt: skip
     if args.json is not None:
-        payload = {"args": vars(args) | {"json": str(args.json)}, "tok_s": tok_s, "summary": summary}
+        payload = {"args": vars(args) | {"json": str(args.json)}, "tok_s": tok_s, "steps": steps, "summary": summary}
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
 
 
