@@ -467,13 +467,16 @@ def certify_engine_case(
     broken_rule: AcceptanceRule | None = None,
     uncompacted_trees: bool = False,
     device: str = "cpu",
+    policy: Any = None,
 ) -> tuple[GoodnessOfFit, float]:
     """Sample ``num_sequences`` requests through :class:`~verispec.engine.Engine` (each with its
     own seed) on a tiny target/draft transformer pair built in code, and test the first
     ``prefix_len`` tokens against the target's exact law. Returns the fit and the acceptance rate.
     ``broken_rule`` swaps in a deliberately wrong rule, ``uncompacted_trees`` makes the engine keep
     a tree step's first entries instead of its accepted path's (both negative controls);
-    ``device`` runs the engine there (the exact law is always computed on the CPU in fp32)."""
+    ``device`` runs the engine there (the exact law is always computed on the CPU in fp32);
+    ``policy`` replaces the engine's draft-length policy (e.g. one that schedules the model no
+    draft, so that a composite's lookup drafts alone)."""
     from dataclasses import replace
 
     from verispec.certify.exact import exact_prefix_law_lm
@@ -511,6 +514,8 @@ def certify_engine_case(
         target_model=target, heads=_toy_trained(case.drafter, target),
     )  # fmt: skip
     engine = Engine(target, None, drafter, config)
+    if policy is not None:
+        engine.policy = policy
     if broken_rule is not None:
         engine.rule = broken_rule
     if uncompacted_trees:  # WRONG: the step's first entries stay, not the accepted path's
