@@ -305,7 +305,9 @@ class Engine:
         shapes: list[tuple[int, ...] | None] | None,
     ) -> Draft:
         """The drafter's proposal for the rows with ``ks[b] > 0`` (nothing is asked of it, and no
-        randomness spent, when no row drafts); a drafter fault costs this step its draft."""
+        randomness spent, when no row drafts, unless it drafts free tokens on such steps:
+        ``free_when_off``, the composite's lookup, within the rows' ``ceilings``); a drafter fault
+        costs this step its draft."""
         if not any(ks) and not (getattr(self.drafter, "free_when_off", False) and any(ceilings)):
             return self._empty_draft(len(batch))
         room = [min(r, self.config.max_draft_tokens) for r in room]
