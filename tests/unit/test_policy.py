@@ -306,3 +306,17 @@ def test_a_lookups_drafts_are_kept_out_of_the_models_acceptance() -> None:
     assert policy.reached[0] == 10 and policy.passed[0] == 10  # row 1's first positions only
     assert "r0" not in policy.per_request or sum(policy.per_request["r0"][0]) == 0
     assert policy.acceptance("r1")[0] > before[0]
+
+
+def test_free_drafts_widen_the_pass_only_while_it_stays_about_as_cheap() -> None:
+    """A lookup's tokens cost no draft pass but widen the target's: at one row, memory-bound (a
+    flat curve), they may run to max_k whatever K is; at eight rows, compute-bound (cost
+    proportional to width), not past the pass the policy planned, and not at all when it planned
+    none; a curve 40% dearer at 9 tokens than at 1 lets them go as far as 25% dearer."""
+    flat = MeasuredPolicy(8, costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1, 9: 0.1}))
+    assert flat.ceilings([8], [0]) == [8] and flat.ceilings([3], [2]) == [3]  # (the row's budget binds)
+    bound = MeasuredPolicy(8, costs=CostTable({(8, w): 0.05 * w for w in (1, 2, 3, 5, 9)}, 128, "t"))
+    assert bound.ceilings([8] * 8, [0] * 8) == [0] * 8
+    assert bound.ceilings([8] * 8, [2] * 8) == [2] * 8
+    steep = MeasuredPolicy(8, costs=costs({1: 0.10, 2: 0.10, 3: 0.105, 5: 0.115, 9: 0.14}))
+    assert steep.ceilings([8], [0]) == [5]  # a pass of 1 + 5 tokens: 0.121 s; of 7: 0.1275 s, past 1.25 x 0.1

@@ -260,7 +260,7 @@ class Engine:
         ks = self.policy.draft_lengths(batch, budgets)  # 1. a draft length per request (0 = none)
         shapes = self.policy.tree_shapes(batch, ks)  # (and a tree per request, where the policy plans trees)
         self.recorder.start()
-        draft = self._propose(batch, ks, self.policy.ceilings(budgets), budgets, shapes)  # 2. the drafter proposes
+        draft = self._propose(batch, ks, self.policy.ceilings(budgets, ks), budgets, shapes)  # 2. the drafter proposes
         self.recorder.drafted()
         counts = draft.num_tokens.tolist()  # host ints: drafters build drafts on the host
         logits, hidden = self._verify_pass(batch, draft, counts)  # 3. one target pass: [B, K + 1, V] fp32

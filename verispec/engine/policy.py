@@ -56,9 +56,10 @@ class DraftPolicy(Protocol):
         draft ``lengths`` just returned; None: each drafter keeps its own shape."""
         ...
 
-    def ceilings(self, budgets: Sequence[int]) -> list[int]:
+    def ceilings(self, budgets: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
         """The most tokens a drafter whose tokens cost nothing (prompt lookup) may propose per
-        request: a fixed K holds for every drafter; a chosen K does not bind a free draft."""
+        request, beside the draft ``lengths`` just scheduled: a fixed K holds for every drafter; a
+        chosen K does not bind a free draft, the cost of the wider pass it makes does."""
         ...
 
     def observe(
@@ -83,7 +84,7 @@ class FixedPolicy:
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
         return [max(0, min(self.k, b)) for b in budgets]
 
-    def ceilings(self, budgets: Sequence[int]) -> list[int]:
+    def ceilings(self, budgets: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
         return self.draft_lengths((), budgets)  # a fixed K binds every drafter
 
     def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
@@ -138,6 +139,7 @@ class MeasuredPolicy:
         costs: CostTable | None = None,
         probe_every: int = 16,
         position_weight: float = 8.0,
+        free_widening: float = 1.25,
     ) -> None:
         self.max_k = max_k
         self.prior_accept = prior_accept
@@ -158,6 +160,8 @@ class MeasuredPolicy:
         self.speed = _Ema()
         self.probe_every = probe_every
         self._idle_steps = 0  # consecutive steps without speculation
+        #: how much dearer than the planned pass a free draft may make it (see :meth:`ceilings`)
+        self.free_widening = free_widening
 
     # ---------------------------------------------------------------------------- estimates
     def acceptance(self, request_id: str | None = None) -> list[float]:
@@ -239,8 +243,19 @@ class MeasuredPolicy:
         known = [e.value for e in self.draft_pass.values() if e.value is not None]
         return min(known) if known else 0.2 * self._verify_cost(batch, 1)
 
-    def ceilings(self, budgets: Sequence[int]) -> list[int]:
-        return [max(0, min(self.max_k, b)) for b in budgets]
+    def ceilings(self, budgets: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
+        """Free drafts (a lookup's) may widen the pass the policy planned (its longest scheduled
+        draft, or a one-token pass) as far as its estimated cost stays within ``free_widening``
+        times the planned pass's, up to ``max_k``: while the pass is memory-bound that is about
+        ``max_k``; where it is compute-bound (a large batch, a long context) free drafts cost what
+        model drafts would, and stop widening it."""
+        n = len(budgets)
+        planned = max(lengths, default=0) if lengths is not None else 0
+        limit = self.free_widening * self._verify_cost(n, planned + 1)
+        width = planned
+        while width < self.max_k and self._verify_cost(n, width + 2) <= limit:
+            width += 1
+        return [max(0, min(width, b)) for b in budgets]
 
     def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
         return None  # chains (a tree drafter keeps its own shape, its depth capped by the length)
