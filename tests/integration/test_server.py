@@ -51,6 +51,9 @@ def spec_of(out) -> dict:
         "acceptance_rate": s.acceptance_rate,
         "mean_acceptance_length": s.mean_acceptance_length,
         "accepted_per_pos": list(s.accepted_per_pos),
+        "free_drafts": s.num_free_drafts,
+        "free_drafted": s.num_free_draft_tokens,
+        "free_accepted": s.num_free_accepted_tokens,
         "lossless": True,
         "warnings": [],
     }
@@ -236,6 +239,9 @@ def test_metrics_move_with_the_spec_objects(client, live) -> None:
     for pos in range(3):
         per_pos = sum(s["accepted_per_pos"][pos] for s in specs if len(s["accepted_per_pos"]) > pos)
         assert delta("verispec:spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)) == per_pos
+    free = (("drafts", "free_drafts"), ("draft_tokens", "free_drafted"), ("accepted_tokens", "free_accepted"))
+    for name, key in free:
+        assert delta(f"verispec:spec_decode_num_free_{name}_total") == sum(s[key] for s in specs)
     assert delta("verispec:generation_tokens_total") == sum(u.completion_tokens for u in usages)
     assert delta("verispec:prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
     assert delta("verispec:request_success_total") == 6

@@ -22,6 +22,9 @@ that a load generator can scrape either server with one table::
     verispec:spec_decode_accepted_depth (histogram)              (none: draft tokens a step accepted: a path's depth)
     verispec:requests_rejected_total{reason}                     (none: 429 queue_full / 503 shutting_down)
     verispec:spec_decode_info{target,draft,drafter,lossless}     (none: a constant 1 describing the pair)
+    verispec:spec_decode_num_free_drafts_total                   (none: drafts that cost no model pass,
+    verispec:spec_decode_num_free_draft_tokens_total               a composite's lookup; counted in the
+    verispec:spec_decode_num_free_accepted_tokens_total            three totals above as well)
     process_resident_memory_bytes, process_cpu_seconds_total...  the same (prometheus-client's process collector)
 
 Definitions (:mod:`verispec.metrics`): a *draft* is one verification step that checked at least one
@@ -99,6 +102,17 @@ class ServerMetrics:
             [*m, "position"],
             registry=r,
         )
+        self.num_free_drafts = Counter(
+            f"{PREFIX}spec_decode_num_free_drafts", "Drafts that cost no model pass (a composite's lookup).", m,
+            registry=r,
+        )  # fmt: skip
+        self.num_free_draft_tokens = Counter(
+            f"{PREFIX}spec_decode_num_free_draft_tokens", "Draft tokens of the free drafts.", m, registry=r
+        )
+        self.num_free_accepted_tokens = Counter(
+            f"{PREFIX}spec_decode_num_free_accepted_tokens", "Draft tokens of the free drafts accepted.", m,
+            registry=r,
+        )  # fmt: skip
         self.prompt_tokens = Counter(f"{PREFIX}prompt_tokens", "Prompt tokens of admitted requests.", m, registry=r)
         self.generation_tokens = Counter(f"{PREFIX}generation_tokens", "Output tokens generated.", m, registry=r)
         self.request_success = Counter(
@@ -135,7 +149,8 @@ class ServerMetrics:
             [*m, "target", "draft", "drafter", "lossless"], registry=r,
         )  # fmt: skip
         info.labels(model_name, target, draft, drafter, str(lossless).lower()).set(1)
-        for metric in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.prompt_tokens,
+        for metric in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.num_free_drafts,
+                       self.num_free_draft_tokens, self.num_free_accepted_tokens, self.prompt_tokens,
                        self.generation_tokens, self.running, self.waiting):  # fmt: skip
             metric.labels(model_name)  # exported at 0 from the start, so that rates work from the first scrape
         for pos in range(num_positions):
@@ -159,6 +174,7 @@ class _Seen:
     draft_tokens: int = 0
     accepted: int = 0
     per_pos: list[int] = field(default_factory=list)
+    free: tuple[int, int, int] = (0, 0, 0)  # free drafts, their tokens, their accepted tokens
 
 
 class MetricsRecorder:
@@ -204,8 +220,14 @@ class MetricsRecorder:
                 before = seen.per_pos[pos] if pos < len(seen.per_pos) else 0
                 if count != before:
                     m.accepted_per_pos.labels(name, str(pos)).inc(count - before)
+            free = (stats.num_free_drafts, stats.num_free_draft_tokens, stats.num_free_accepted_tokens)
+            counters = (m.num_free_drafts, m.num_free_draft_tokens, m.num_free_accepted_tokens)
+            for counter, now_, before_ in zip(counters, free, seen.free, strict=True):
+                if now_ != before_:
+                    counter.labels(name).inc(now_ - before_)
             seen.drafts, seen.draft_tokens = stats.num_drafts, stats.num_draft_tokens
             seen.accepted, seen.per_pos = stats.num_accepted_tokens, list(stats.accepted_per_pos)
+            seen.free = free
 
     def finished(self, request_id: str, reason: str, now: float) -> None:
         """A request left the engine (finished, aborted or failed)."""

@@ -5,12 +5,15 @@ Every answer follows OpenAI's schema (``id``, ``object``, ``created``, ``model``
 definitions (:mod:`verispec.metrics`)::
 
     "spec": {"drafts": 12, "drafted": 48, "accepted": 31, "acceptance_rate": 0.646,
-             "mean_acceptance_length": 3.58, "accepted_per_pos": [11, 9, 7, 4], "lossless": true}
+             "mean_acceptance_length": 3.58, "accepted_per_pos": [11, 9, 7, 4],
+             "free_drafts": 3, "free_drafted": 15, "free_accepted": 9, "lossless": true}
 
 ``drafts``: verification steps that checked at least one draft token; ``drafted`` / ``accepted``:
 draft tokens proposed / accepted; ``acceptance_rate`` = accepted / drafted; ``mean_acceptance_length``
 = 1 + accepted / drafts (output tokens per target pass); ``accepted_per_pos[i]``: steps whose first
-``i + 1`` draft tokens were all accepted; ``lossless``: false only for a lossy acceptance rule;
+``i + 1`` draft tokens were all accepted; ``free_drafts`` / ``free_drafted`` / ``free_accepted``:
+the drafts among them that cost no model pass (a composite drafter's lookup), their tokens and
+accepted tokens; ``lossless``: false only for a lossy acceptance rule;
 ``warnings``: what the client should know about this answer (today: a ``seed`` given while the
 server chooses the draft length per step, which keeps the output's law but not its exact text).
 
@@ -39,6 +42,9 @@ def spec_object(out: RequestOutput, warnings: tuple[str, ...] = ()) -> dict[str,
         "acceptance_rate": stats.acceptance_rate,
         "mean_acceptance_length": stats.mean_acceptance_length,
         "accepted_per_pos": list(stats.accepted_per_pos),
+        "free_drafts": stats.num_free_drafts,
+        "free_drafted": stats.num_free_draft_tokens,
+        "free_accepted": stats.num_free_accepted_tokens,
         "lossless": out.lossless,
         "warnings": list(warnings),
     }
