@@ -62,29 +62,36 @@ inline void peak_op(PeakReg& acc, PeakReg w, PeakReg x) {
 inline PeakReg peak_init(int i) { return vdupq_n_s32(i); }
 #endif
 
-double peak(int reps, int threads) {
-#if VS_VEC_AVX512 || VS_VEC_AVX2 || VS_VEC_NEON
-  constexpr long kIters = 2000000;
+// The best of `reps` wall times of `body` run on `threads` threads at once.
+template <typename Body>
+double best_seconds(int reps, int threads, Body body) {
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads)
-    {
-      PeakReg w = peak_init(3), x = peak_init(5);
-      PeakReg a0 = peak_init(0), a1 = peak_init(1), a2 = peak_init(2), a3 = peak_init(3), a4 = peak_init(4),
-              a5 = peak_init(5), a6 = peak_init(6), a7 = peak_init(7), a8 = peak_init(8), a9 = peak_init(9),
-              a10 = peak_init(10), a11 = peak_init(11);
-      for (long i = 0; i < kIters; ++i) {
-        peak_op(a0, w, x), peak_op(a1, w, x), peak_op(a2, w, x), peak_op(a3, w, x), peak_op(a4, w, x);
-        peak_op(a5, w, x), peak_op(a6, w, x), peak_op(a7, w, x), peak_op(a8, w, x), peak_op(a9, w, x);
-        peak_op(a10, w, x), peak_op(a11, w, x);
-      }
-      // (the asm statements are volatile: the compiler keeps every one, in this order)
-    }
+    body();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = s < best ? s : best;
   }
-  return 12.0 * kIters * threads * kGroupsPerOp / best / 1e9;
+  return best;
+}
+
+double peak(int reps, int threads) {
+#if VS_VEC_AVX512 || VS_VEC_AVX2 || VS_VEC_NEON
+  constexpr long kIters = 2000000;
+  const double s = best_seconds(reps, threads, [] {
+    PeakReg w = peak_init(3), x = peak_init(5);
+    PeakReg a0 = peak_init(0), a1 = peak_init(1), a2 = peak_init(2), a3 = peak_init(3), a4 = peak_init(4),
+            a5 = peak_init(5), a6 = peak_init(6), a7 = peak_init(7), a8 = peak_init(8), a9 = peak_init(9),
+            a10 = peak_init(10), a11 = peak_init(11);
+    for (long i = 0; i < kIters; ++i) {
+      peak_op(a0, w, x), peak_op(a1, w, x), peak_op(a2, w, x), peak_op(a3, w, x), peak_op(a4, w, x);
+      peak_op(a5, w, x), peak_op(a6, w, x), peak_op(a7, w, x), peak_op(a8, w, x), peak_op(a9, w, x);
+      peak_op(a10, w, x), peak_op(a11, w, x);
+    }
+    // (the asm statements are volatile: the compiler keeps every one, in this order)
+  });
+  return 12.0 * kIters * threads * kGroupsPerOp / s / 1e9;
 #else
   (void)reps, (void)threads;
   return 0.0;
@@ -95,29 +102,22 @@ double peak(int reps, int threads) {
 double peak_mixed(int reps, int threads) {
 #if VS_PEAK_MIXED
   constexpr long kIters = 4000000;
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads)
-    {
-      PeakReg w = peak_init(3), x = peak_init(5);
-      PeakReg a0 = peak_init(0), a1 = peak_init(1), a2 = peak_init(2), a3 = peak_init(3), a4 = peak_init(4),
-              a5 = peak_init(5), a6 = peak_init(6), a7 = peak_init(7), a8 = peak_init(8), a9 = peak_init(9),
-              a10 = peak_init(10), a11 = peak_init(11);
-      FmaReg u = fma_init(1), v = fma_init(2), f0 = fma_init(0), f1 = fma_init(1), f2 = fma_init(2),
-             f3 = fma_init(3), f4 = fma_init(4);
-      for (long i = 0; i < kIters; ++i) {
-        peak_op(a0, w, x), peak_op(a1, w, x), peak_op(a2, w, x), peak_op(a3, w, x), peak_op(a4, w, x);
-        peak_op(a5, w, x), peak_op(a6, w, x), peak_op(a7, w, x), peak_op(a8, w, x), peak_op(a9, w, x);
-        peak_op(a10, w, x), peak_op(a11, w, x), peak_op(a0, w, x), peak_op(a1, w, x), peak_op(a2, w, x);
-        peak_op(a3, w, x);
-        fma_op(f0, u, v), fma_op(f1, u, v), fma_op(f2, u, v), fma_op(f3, u, v), fma_op(f4, u, v);
-      }
+  const double s = best_seconds(reps, threads, [] {
+    PeakReg w = peak_init(3), x = peak_init(5);
+    PeakReg a0 = peak_init(0), a1 = peak_init(1), a2 = peak_init(2), a3 = peak_init(3), a4 = peak_init(4),
+            a5 = peak_init(5), a6 = peak_init(6), a7 = peak_init(7), a8 = peak_init(8), a9 = peak_init(9),
+            a10 = peak_init(10), a11 = peak_init(11);
+    FmaReg u = fma_init(1), v = fma_init(2), f0 = fma_init(0), f1 = fma_init(1), f2 = fma_init(2),
+           f3 = fma_init(3), f4 = fma_init(4);
+    for (long i = 0; i < kIters; ++i) {  // 16 multiplies (a0-a3 twice), then 5 FMAs
+      peak_op(a0, w, x), peak_op(a1, w, x), peak_op(a2, w, x), peak_op(a3, w, x), peak_op(a4, w, x);
+      peak_op(a5, w, x), peak_op(a6, w, x), peak_op(a7, w, x), peak_op(a8, w, x), peak_op(a9, w, x);
+      peak_op(a10, w, x), peak_op(a11, w, x), peak_op(a0, w, x), peak_op(a1, w, x), peak_op(a2, w, x);
+      peak_op(a3, w, x);
+      fma_op(f0, u, v), fma_op(f1, u, v), fma_op(f2, u, v), fma_op(f3, u, v), fma_op(f4, u, v);
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = s < best ? s : best;
-  }
-  return 16.0 * kIters * threads * kGroupsPerOp / best / 1e9;
+  });
+  return 16.0 * kIters * threads * kGroupsPerOp / s / 1e9;
 #else
   (void)reps, (void)threads;
   return 0.0;
