@@ -1,13 +1,14 @@
 """Does capping how far a composite's free (lookup) drafts widen the target's pass cost anything?
 
 Two engines with the composite drafter over the machine's defaults, side by side in one process,
-the order alternating per group of prompts: ``capped`` (the policy's ``free_widening``, 1.25: free
-drafts widen the planned pass while it stays within 25% of its cost) and ``uncapped`` (free
+the order alternating per group of prompts: ``capped`` (the policy's ``free_widening``, by default
+0.25: free drafts widen the planned pass while its cost grows by at most 25% over the batch size;
+``--share``) and ``uncapped`` (free
 drafts run to ``max_k`` whatever the pass costs, as before). Greedy, 128 tokens, ``--batch``
 prompts generated together; every group's outputs asserted equal. Prints tok/s per group and the
 geometric mean of capped / uncapped.
 
-    python benchmarks/prototypes/free_widening_ab.py --sets summarize,chat --prompts 8 [--batch 1]
+    python benchmarks/prototypes/free_widening_ab.py --sets summarize,chat --prompts 8 [--batch 1] [--share 0.25]
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ def main() -> None:
     p.add_argument("--sets", default="summarize,chat")
     p.add_argument("--prompts", type=int, default=8, help="per set")
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--share", type=float, default=0.25, help="the capped engine's free_widening")
     args = p.parse_args()
     engines = {"uncapped": composite(args.batch), "capped": composite(args.batch)}
     engines["uncapped"].engine.policy.free_widening = float("inf")  # type: ignore[attr-defined]
+    engines["capped"].engine.policy.free_widening = args.share  # type: ignore[attr-defined]
     tok_s: dict[str, list[float]] = {name: [] for name in engines}
     groups = []
     for set_name in args.sets.split(","):

@@ -312,7 +312,8 @@ def test_free_drafts_widen_the_pass_only_while_it_stays_about_as_cheap() -> None
     """A lookup's tokens cost no draft pass but widen the target's: at one row, memory-bound (a
     flat curve), they may run to max_k whatever K is; at eight rows, compute-bound (cost
     proportional to width), not past the pass the policy planned, and not at all when it planned
-    none; a curve 40% dearer at 9 tokens than at 1 lets them go as far as 25% dearer."""
+    none; a curve 40% dearer at 9 tokens than at 1 lets them go as far as 25% dearer at one row,
+    6.25% at four."""
     flat = MeasuredPolicy(8, costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1, 9: 0.1}))
     assert flat.ceilings([8], [0]) == [8] and flat.ceilings([3], [2]) == [3]  # (the row's budget binds)
     bound = MeasuredPolicy(8, costs=CostTable({(8, w): 0.05 * w for w in (1, 2, 3, 5, 9)}, 128, "t"))
@@ -320,3 +321,6 @@ def test_free_drafts_widen_the_pass_only_while_it_stays_about_as_cheap() -> None
     assert bound.ceilings([8] * 8, [2] * 8) == [2] * 8
     steep = MeasuredPolicy(8, costs=costs({1: 0.10, 2: 0.10, 3: 0.105, 5: 0.115, 9: 0.14}))
     assert steep.ceilings([8], [0]) == [5]  # a pass of 1 + 5 tokens: 0.121 s; of 7: 0.1275 s, past 1.25 x 0.1
+    # four rows share the pass: the 25% is shared among them (every row pays, a lookup gains its own)
+    shared = MeasuredPolicy(8, costs=costs({1: 0.1, 2: 0.104, 3: 0.108, 5: 0.116, 9: 0.14}, batch=4))
+    assert shared.ceilings([8] * 4, [0] * 4) == [1] * 4  # 0.104 s <= 1.0625 x 0.1 < 0.108 s
