@@ -34,6 +34,7 @@ def test_bench_json_and_plot(pair: tuple[Path, Path], tmp_path: Path, capsys: py
         assert s["num_prompts"] == 2
         assert s["greedy_equal"] == 1.0  # greedy: speculation never changes the text
         assert s["speedup"] is not None and s["acceptance_rate"] >= 0
+        assert 0.0 <= s["free_draft_share"] <= 1.0  # the composite (the default): its lookup's share of drafts
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -91,6 +91,13 @@ class SetReport:
             if self.stats.num_drafts
             else 0.0,
             "positional_acceptance": self.stats.positional_acceptance,
+            # drafts that cost no model pass (a composite's lookup): their share and their acceptance rate
+            "free_draft_share": self.stats.num_free_drafts / self.stats.num_drafts if self.stats.num_drafts else 0.0,
+            "free_acceptance_rate": (
+                self.stats.num_free_accepted_tokens / self.stats.num_free_draft_tokens
+                if self.stats.num_free_draft_tokens
+                else None
+            ),
             "measured_c": self.measured_c,
             "alpha": self.alpha,
             "mean_k": self.mean_k,

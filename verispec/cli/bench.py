@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    out = Console(width=max(Console().width, 120))
+    out = Console(width=max(Console().width, 150))
     lossy = "" if summary["lossless"] else ", LOSSY (typical acceptance: not the target's distribution)"
     table = Table(
         title=f"verispec bench: {summary['target']} <- {summary['draft'] or args.drafter}, "
@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         "AR",
         "AL",
         "drafted",
+        "free",
         "c",
         "alpha",
         "S(a,K,c)",
@@ -168,12 +169,17 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(
             r["set"], str(r["num_prompts"]), f(r["plain_tokens_per_s"], ".1f"), f(r["spec_tokens_per_s"], ".1f"),
             f(r["speedup"]) + "x", f(r["median_speedup"]) + "x", f(r["acceptance_rate"], ".3f"),
-            f(r["mean_acceptance_length"]), f(r["draft_tokens_per_step"], ".1f"), f(r["measured_c"], ".3f"),
+            f(r["mean_acceptance_length"]), f(r["draft_tokens_per_step"], ".1f"), f(r["free_draft_share"]),
+            f(r["measured_c"], ".3f"),
             f(r["alpha"]), f(r["predicted_speedup"]) + "x",
             f(r["measured_over_predicted"]), f(r["greedy_equal"]),
         )  # fmt: skip
     out.print(table)
-    out.print("drafted = draft tokens (tree nodes) per speculative step", style="dim")
+    out.print(
+        "drafted = draft tokens (tree nodes) per speculative step; free = the share of drafts that cost no model "
+        "pass (the composite's lookup)",
+        style="dim",
+    )
     for r in summary["sets"]:
         if r["positional_acceptance"]:  # trees: what verispec analyze --tree-acceptance takes
             ranks = ",".join(f"{x:.3f}" for x in r["positional_acceptance"])
