@@ -134,6 +134,9 @@ def test_spec_objects_token_weighted_and_per_request() -> None:
     assert pooled.acceptance_rate == pytest.approx(4 / 16) and pooled.mean_acceptance_length == pytest.approx(1.5)
     assert per_request["acceptance_rate"] == pytest.approx(0.5)  # each request counts once
     assert per_request["acceptance_per_position"] == pytest.approx([0.5, 0.5])
+    assert per_request["free_draft_share"] == 0.0  # (another server's spec objects carry no free drafts)
+    _, composite = acceptance_from_spec_objects([{**specs[0], "free_drafts": 1}, {**specs[1], "free_drafts": 3}])
+    assert composite["free_draft_share"] == pytest.approx(4 / 8)
 
 
 # -------------------------------------------------------------------------------------- intervals

@@ -215,11 +215,12 @@ def acceptance_from_counts(
 def acceptance_from_spec_objects(specs: Iterable[dict[str, Any]]) -> tuple[Acceptance, dict[str, Any]]:
     """Token-weighted acceptance (pooled counts) from per-response ``spec`` objects, and the
     per-request view (means over requests that drafted of their own AR, AL and per-position)."""
-    drafts = drafted = accepted = 0.0
+    drafts = drafted = accepted = free = 0.0
     per_pos: list[float] = []
     rates, lengths, positions = [], [], []
     for s in specs:
         d, t, a = float(s.get("drafts", 0) or 0), float(s.get("drafted", 0) or 0), float(s.get("accepted", 0) or 0)
+        free += float(s.get("free_drafts", 0) or 0)  # verispec's composite: drafts that cost no model pass
         pp = [float(x) for x in s.get("accepted_per_pos", []) or []]
         drafts, drafted, accepted = drafts + d, drafted + t, accepted + a
         if len(per_pos) < len(pp):
@@ -238,5 +239,6 @@ def acceptance_from_spec_objects(specs: Iterable[dict[str, Any]]) -> tuple[Accep
         "acceptance_per_position": [
             float(np.mean([p[i] if i < len(p) else 0.0 for p in positions])) for i in range(width)
         ],
+        "free_draft_share": free / drafts if drafts else None,
     }
     return acceptance_from_counts(drafts, drafted, accepted, per_pos), per_request
