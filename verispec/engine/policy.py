@@ -248,7 +248,7 @@ class MeasuredPolicy:
         draft, or a one-token pass) as long as its estimated cost grows by at most
         ``free_widening`` of the planned pass's, shared among the batch's rows (every row pays for
         the wider pass, a lookup gains its own row only), up to ``max_k``: at one row with a flat
-        pass that is ``max_k`` (int4 on two Zen 5 cores, 40% dearer at 9 tokens: 5); at several
+        pass that is ``max_k`` (int4 on two Zen 5 cores, 42% dearer at 8 tokens than at 1: 5); at several
         rows, or compute-bound (a long context), free drafts soon stop widening it. (Measured on
         two cores, 16 prompts: at batch 4, allowing 0, 10, 25 and 50% of the pass without sharing
         gained 1.18x, 1.15x, 1.11x, 1.02x over no limit; at batch 1, 10% lost 3% where 25% was at
