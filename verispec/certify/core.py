@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,6 +46,9 @@ from verispec.errors import ConfigError
 from verispec.verify import TREE_RULES, BlockRule, GreedyRule, RejectionRule, TypicalRule
 from verispec.verify.base import AcceptanceRule
 from verispec.verify.broken import BROKEN_RULES, SiblingMassLeftRule
+
+if TYPE_CHECKING:
+    from verispec.engine.policy import DraftPolicy
 
 DEFAULT_ALPHA = 1e-6
 MIN_EXPECTED = 5.0
@@ -467,7 +470,7 @@ def certify_engine_case(
     broken_rule: AcceptanceRule | None = None,
     uncompacted_trees: bool = False,
     device: str = "cpu",
-    policy: Any = None,
+    policy: DraftPolicy | None = None,
 ) -> tuple[GoodnessOfFit, float]:
     """Sample ``num_sequences`` requests through :class:`~verispec.engine.Engine` (each with its
     own seed) on a tiny target/draft transformer pair built in code, and test the first
@@ -513,9 +516,7 @@ def certify_engine_case(
         datastore=toy_datastore(vocab_size) if case.drafter == "retrieval" else None,
         target_model=target, heads=_toy_trained(case.drafter, target),
     )  # fmt: skip
-    engine = Engine(target, None, drafter, config)
-    if policy is not None:
-        engine.policy = policy
+    engine = Engine(target, None, drafter, config, policy=policy)
     if broken_rule is not None:
         engine.rule = broken_rule
     if uncompacted_trees:  # WRONG: the step's first entries stay, not the accepted path's
