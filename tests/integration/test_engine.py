@@ -254,6 +254,11 @@ def test_the_composite_looks_up_on_steps_the_policy_gives_the_model_none() -> No
     stats = out.stats
     assert stats.num_free_drafts > 0 and stats.num_free_drafts == stats.num_drafts
     assert list(out.token_ids) == plain_greedy(target, prompt, len(out.token_ids))
+    from verispec.bench.local import iter_entries  # the step records say so too (the gate reads them)
+    from verispec.bench.stats import acceptance_from_steps
+
+    acc = acceptance_from_steps(iter_entries(list(e.steps)))
+    assert acc.num_drafts == stats.num_drafts and acc.free_draft_share == 1.0
     fixed_off = engine("composite", k=0).generate([prompt], params)[0]
     assert fixed_off.stats.num_drafts == 0 and list(fixed_off.token_ids) == list(out.token_ids)
 

@@ -75,6 +75,7 @@ def test_cli_gate_on_tiny_gguf_pair(tmp_path: Path, capsys: pytest.CaptureFixtur
     text = html.read_text()
     self_contained(text)
     assert all(v in text for v in verdicts) and "a_min" in text and "detectable TV" in text
+    assert "<th>free</th>" in text and all(lv["acceptance"]["num_free_drafts"] == 0 for lv in result["levels"])
     printed = capsys.readouterr().out
     assert "verispec gate" in printed  # and each level's reasons, whole, below the table:
     assert all(f"  - {reason}\n" in printed for v in result["verdicts"] for reason in v["reasons"])
@@ -94,6 +95,7 @@ def test_gate_against_external_endpoints() -> None:
     (lv,) = result["levels"]
     assert result["mode"] == "external" and result["memory"] is None
     assert lv["acceptance_source"].startswith("verispec /metrics counters")
+    assert lv["acceptance"]["free_draft_share"] == 0.0  # (verispec's counters say how many drafts were free)
     assert lv["c_source"].startswith("inferred from the TPOT ratio") and lv["k"] == 2
     assert lv["c"] == lv["c_inferred_from_tpot"] is not None
     assert not result["quality"]["perplexity"]["measured"]

@@ -135,8 +135,25 @@ def test_spec_objects_token_weighted_and_per_request() -> None:
     assert per_request["acceptance_rate"] == pytest.approx(0.5)  # each request counts once
     assert per_request["acceptance_per_position"] == pytest.approx([0.5, 0.5])
     assert per_request["free_draft_share"] == 0.0  # (another server's spec objects carry no free drafts)
-    _, composite = acceptance_from_spec_objects([{**specs[0], "free_drafts": 1}, {**specs[1], "free_drafts": 3}])
+    assert pooled.free_draft_share is None  # (and the pooled view says it was not told)
+    pooled, composite = acceptance_from_spec_objects([{**specs[0], "free_drafts": 1}, {**specs[1], "free_drafts": 3}])
     assert composite["free_draft_share"] == pytest.approx(4 / 8)
+    assert pooled.num_free_drafts == 4 and pooled.as_dict()["free_draft_share"] == pytest.approx(4 / 8)
+
+
+def test_free_drafts_from_step_records_and_counters() -> None:
+    """The share of drafts no model pass paid for (a composite's lookup) where the source says it:
+    step records with free flags, verispec's counters; pairs and vLLM's counters leave it None."""
+    acc = acceptance_from_steps([(3, 3, True), (3, 1, False), (0, 0, True), (2, 2, True)])
+    assert (acc.num_drafts, acc.num_free_drafts, acc.free_draft_share) == (3, 2, pytest.approx(2 / 3))
+    assert acceptance_from_steps([(3, 3), (2, 0)]).free_draft_share is None
+    assert acceptance_from_counts(4, 8, 6, [3, 3], num_free_drafts=1).free_draft_share == pytest.approx(0.25)
+    text = ("verispec:spec_decode_num_drafts_total 4\nverispec:spec_decode_num_draft_tokens_total 8\n"
+            "verispec:spec_decode_num_accepted_tokens_total 6\nverispec:spec_decode_num_free_drafts_total 3\n")
+    spec = spec_from_metrics(None, MetricsSnapshot.from_text(text))
+    assert spec is not None and (spec["num_free_drafts"], spec["free_draft_share"]) == (3, pytest.approx(0.75))
+    vllm = spec_from_metrics(None, MetricsSnapshot.from_text(VLLM.format(d=3, t=6, a=4, p0=2, p1=2)))
+    assert vllm is not None and vllm["free_draft_share"] is None
 
 
 # -------------------------------------------------------------------------------------- intervals

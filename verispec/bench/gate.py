@@ -201,13 +201,15 @@ def _acceptance(spec_runs: list[Run], summary: dict[str, Any]) -> tuple[Acceptan
     metrics = summary.get("spec_metrics")
     if metrics and metrics.get("num_draft_tokens") is not None:
         acc = acceptance_from_counts(metrics["num_drafts"] or 0, metrics["num_draft_tokens"],
-                                     metrics["num_accepted_tokens"], metrics["accepted_per_pos"])  # fmt: skip
+                                     metrics["num_accepted_tokens"], metrics["accepted_per_pos"],
+                                     metrics.get("num_free_drafts"))  # fmt: skip
         return acc, f"{metrics['source']} /metrics counters (reach assumes a constant K)"
     responses = summary.get("spec_responses")
     if responses:
         t = responses["token_weighted"]
         counts = [x * t["num_drafts"] for x in t["acceptance_per_position"]]
-        acc = acceptance_from_counts(t["num_drafts"], t["num_draft_tokens"], t["num_accepted_tokens"], counts)
+        acc = acceptance_from_counts(t["num_drafts"], t["num_draft_tokens"], t["num_accepted_tokens"], counts,
+                                     t.get("num_free_drafts"))  # fmt: skip
         return acc, "per-response spec objects (reach assumes a constant K)"
     return None, "not measured"
 

@@ -270,7 +270,9 @@ def memory_accounting(deployment: LocalDeployment) -> dict[str, Any]:
     }
 
 
-def iter_entries(records: list[StepRecord]) -> Iterator[tuple[int, int]]:
-    """``(draft tokens, accepted)`` per request per step."""
+def iter_entries(records: list[StepRecord]) -> Iterator[tuple[int, int, bool]]:
+    """``(draft tokens, accepted, free)`` per request per step (``free``: the draft cost no model
+    pass, a composite's lookup)."""
     for r in records:
-        yield from zip(r.draft_tokens, r.accepted, strict=False)
+        free = r.free_rows or (False,) * len(r.draft_tokens)
+        yield from zip(r.draft_tokens, r.accepted, free, strict=False)

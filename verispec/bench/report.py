@@ -193,7 +193,8 @@ def _spec_rows(levels: Sequence[dict[str, Any]]) -> list[list[str]]:
         cb = break_even_c(min(a, 1.0), k) if k and a is not None else None
         tr = lv["throughput_ratio"]
         rows.append([html.escape(lv["label"]), _f(acc.get("acceptance_rate"), ".3f"),
-                     _f(acc.get("mean_acceptance_length")), _f(a, ".3f"), str(k or "-"),
+                     _f(acc.get("mean_acceptance_length")), _f(acc.get("free_draft_share"), ".2f"), _f(a, ".3f"),
+                     str(k or "-"),
                      _f(c, ".3f") + f"<br><small>{html.escape(lv['c_source'])}</small>", _f(amin, ".3f"),
                      _f(cb, ".3f"), _f(lv["predicted_speedup"]),
                      "-" if tr is None else f"{tr['value']:.2f} ({tr['low']:.2f}-{tr['high']:.2f})",
@@ -317,14 +318,16 @@ def render_html(result: dict[str, Any], plots: dict[str, str | None] | None = No
         _table(["level", "config", "ok", "tok/s", "req/s", "TTFT p50/p95 ms", "ITL p50/p95 ms", "TPOT p50/p95 ms",
                 "e2e p50/p95 ms", "RSS peak MiB"], _level_rows(levels)),
         "<h2>Acceptance and the speedup model</h2>",
-        _table(["level", "AR", "AL", "alpha", "K", "c", "a_min", "c_break", "S(alpha,K,c)", "throughput ratio (CI)",
-                "TPOT ratio"], _spec_rows(levels)),
+        _table(["level", "AR", "AL", "free", "alpha", "K", "c", "a_min", "c_break", "S(alpha,K,c)",
+                "throughput ratio (CI)", "TPOT ratio"], _spec_rows(levels)),
         _img(plots["acceptance"], "acceptance per position"), _img(plots["predicted"], "predicted vs measured"),
         "<h2>Latency distributions</h2>", _img(plots["distributions"], "latency distributions"),
         "<h2>Quality</h2>", _quality_html(result["quality"]),
         "<h2>Memory</h2>", _memory_html(result["memory"]),
         "<h2>Method</h2><p>Each configuration ran every prompt once per repeat at each level, in alternating order. "
-        "alpha is the maximum-likelihood per-token acceptance (accepted / positions reached); a_min solves "
+        "alpha is the maximum-likelihood per-token acceptance (accepted / positions reached); free is the share "
+        "of drafts that cost no model pass (a composite's lookup; '-' where the server does not say), counted in "
+        "AR, AL and alpha like the others; a_min solves "
         "S(a_min, K, c) = 1 (Leviathan et al. 2023); c_break = (E(alpha, K) - 1) / K. The throughput interval is a "
         "paired bootstrap over prompts of per-request rates, so it holds the noise between requests, not slow drift "
         "of a shared machine (see the load average above; use --repeats for that). The model ignores batching: "

@@ -4,7 +4,8 @@ Three naming schemes are read (counters with or without the ``_total`` suffix, e
 summed):
 
 - verispec: ``verispec:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens``,
-  ``..._num_accepted_tokens_per_pos{position}`` (vLLM's definitions, :mod:`verispec.metrics`);
+  ``..._num_accepted_tokens_per_pos{position}`` (vLLM's definitions, :mod:`verispec.metrics`), and
+  ``..._num_free_drafts``: the drafts that cost no model pass (a composite's lookup);
 - vLLM (v1 engine): the same names under ``vllm:``;
 - SGLang: the gauges ``sglang:spec_accept_length`` and ``sglang:spec_accept_rate``, which SGLang
   computes over a recent window (not counters: the value *after* a run is reported as it is).
@@ -108,6 +109,7 @@ def spec_from_metrics(before: MetricsSnapshot | None, after: MetricsSnapshot | N
         drafts = _delta(before, after, prefix + "num_drafts")
         drafted = _delta(before, after, prefix + "num_draft_tokens")
         accepted = _delta(before, after, prefix + "num_accepted_tokens")
+        free = _delta(before, after, prefix + "num_free_drafts")  # verispec's alone: drafts no model pass paid for
         if drafted is None or accepted is None:
             continue
         pos_after = after.per_pos.get(prefix + "num_accepted_tokens_per_pos", {})
@@ -123,6 +125,8 @@ def spec_from_metrics(before: MetricsSnapshot | None, after: MetricsSnapshot | N
             "mean_acceptance_length": 1.0 + accepted / drafts if drafts else None,
             "acceptance_per_position": [c / drafts for c in per_pos_counts] if drafts else [],
             "mean_draft_length": drafted / drafts if drafts else None,
+            "num_free_drafts": free,
+            "free_draft_share": free / drafts if drafts and free is not None else None,
         }
     length, rate = after.get("sglang:spec_accept_length"), after.get("sglang:spec_accept_rate")
     if length is not None or rate is not None:

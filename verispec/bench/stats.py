@@ -134,6 +134,7 @@ class Acceptance:
     reached: list[int]  # per position
     passed: list[int]  # per position (= accepted_per_pos)
     exact_reach: bool  # True: reach counted from step records; False: assumes a constant K
+    num_free_drafts: int | None = None  # drafts that cost no model pass (a composite's lookup); None: not told
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -146,6 +147,11 @@ class Acceptance:
     @property
     def mean_k(self) -> float | None:
         return self.num_draft_tokens / self.num_drafts if self.num_drafts else None
+
+    @property
+    def free_draft_share(self) -> float | None:
+        """The share of drafts that cost no model pass (None when the source does not say)."""
+        return self.num_free_drafts / self.num_drafts if self.num_drafts and self.num_free_drafts is not None else None
 
     @property
     def per_position(self) -> list[float]:
@@ -175,18 +181,23 @@ class Acceptance:
             "conditional_acceptance": self.conditional,
             "alpha": self.alpha,
             "reach_counted_exactly": self.exact_reach,
+            "num_free_drafts": self.num_free_drafts,
+            "free_draft_share": self.free_draft_share,
         }
 
 
-def acceptance_from_steps(entries: Iterable[tuple[int, int]]) -> Acceptance:
-    """From ``(draft tokens, accepted)`` pairs, one per request per engine step (exact reach)."""
-    drafts = drafted = accepted = 0
+def acceptance_from_steps(entries: Iterable[tuple[int, int] | tuple[int, int, bool]]) -> Acceptance:
+    """From ``(draft tokens, accepted)`` pairs, one per request per engine step (exact reach), or
+    ``(draft tokens, accepted, free)`` triples that also say which drafts cost no model pass."""
+    drafts = drafted = accepted = free = 0
+    told = False
     reached: list[int] = []
     passed: list[int] = []
-    for d, a in entries:
+    for d, a, *rest in entries:
+        told = told or bool(rest)
         if d <= 0:
             continue
-        drafts, drafted, accepted = drafts + 1, drafted + d, accepted + a
+        drafts, drafted, accepted, free = drafts + 1, drafted + d, accepted + a, free + bool(rest and rest[0])
         if len(reached) < d:
             reached.extend([0] * (d - len(reached)))
             passed.extend([0] * (d - len(passed)))
@@ -194,33 +205,41 @@ def acceptance_from_steps(entries: Iterable[tuple[int, int]]) -> Acceptance:
             reached[i] += 1
         for i in range(a):
             passed[i] += 1
-    return Acceptance(drafts, drafted, accepted, reached, passed, True)
+    return Acceptance(drafts, drafted, accepted, reached, passed, True, free if told else None)
 
 
 def acceptance_from_counts(
-    num_drafts: float, num_draft_tokens: float, num_accepted: float, accepted_per_pos: Sequence[float]
+    num_drafts: float,
+    num_draft_tokens: float,
+    num_accepted: float,
+    accepted_per_pos: Sequence[float],
+    num_free_drafts: float | None = None,
 ) -> Acceptance:
     """From vLLM-style counters; reach assumes every draft had ``len(accepted_per_pos)`` tokens
     (exact for a fixed K). Trailing positions no draft reached are dropped when the mean draft
-    length shows they were never drafted."""
+    length shows they were never drafted. ``num_free_drafts``: verispec's count of drafts that cost
+    no model pass, where the source has it."""
     per_pos = [round(x) for x in accepted_per_pos]
     drafts = round(num_drafts)
     if drafts and num_draft_tokens:
         k = max(1, math.ceil(num_draft_tokens / drafts - 1e-9))
         per_pos = per_pos[:k] if len(per_pos) > k and not any(per_pos[k:]) else per_pos
     reached = [drafts, *per_pos[:-1]] if per_pos else []
-    return Acceptance(drafts, round(num_draft_tokens), round(num_accepted), reached, per_pos, False)
+    free = round(num_free_drafts) if num_free_drafts is not None else None
+    return Acceptance(drafts, round(num_draft_tokens), round(num_accepted), reached, per_pos, False, free)
 
 
 def acceptance_from_spec_objects(specs: Iterable[dict[str, Any]]) -> tuple[Acceptance, dict[str, Any]]:
     """Token-weighted acceptance (pooled counts) from per-response ``spec`` objects, and the
     per-request view (means over requests that drafted of their own AR, AL and per-position)."""
     drafts = drafted = accepted = free = 0.0
+    told = False  # a spec object said how many of its drafts were free (verispec's)
     per_pos: list[float] = []
     rates, lengths, positions = [], [], []
     for s in specs:
         d, t, a = float(s.get("drafts", 0) or 0), float(s.get("drafted", 0) or 0), float(s.get("accepted", 0) or 0)
         free += float(s.get("free_drafts", 0) or 0)  # verispec's composite: drafts that cost no model pass
+        told = told or "free_drafts" in s
         pp = [float(x) for x in s.get("accepted_per_pos", []) or []]
         drafts, drafted, accepted = drafts + d, drafted + t, accepted + a
         if len(per_pos) < len(pp):
@@ -241,4 +260,4 @@ def acceptance_from_spec_objects(specs: Iterable[dict[str, Any]]) -> tuple[Accep
         ],
         "free_draft_share": free / drafts if drafts else None,
     }
-    return acceptance_from_counts(drafts, drafted, accepted, per_pos), per_request
+    return acceptance_from_counts(drafts, drafted, accepted, per_pos, free if told else None), per_request

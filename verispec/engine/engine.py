@@ -272,7 +272,7 @@ class Engine:
         passes: int | None = getattr(self.drafter, "last_draft_passes", None)
         free: tuple[bool, ...] = getattr(self.drafter, "last_free_rows", ())  # (rows without a draft ignore it)
         free = free if len(free) == len(batch) else (False,) * len(batch)
-        step = self.recorder.record(counts, accepted, self.drafter.last_catchup_tokens, passes)
+        step = self.recorder.record(counts, accepted, self.drafter.last_catchup_tokens, passes, free)
         healthy = [i for i in range(len(batch)) if i not in failed]
         trees: list[TreeStep | None] = [None] * len(batch)
         if draft.is_tree:  # which child was accepted at each level (Sequoia's positional acceptance)

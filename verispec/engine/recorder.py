@@ -31,6 +31,7 @@ class StepRecord:
     verify_seconds: float
     catchup_tokens: int = 0  # context the drafter fed before drafting (see STEADY_CATCHUP)
     draft_passes: int | None = None  # the draft model's sequential passes, when the drafter says; None: num_passes
+    free_rows: tuple[bool, ...] = ()  # per row: its draft cost no model pass (a composite's lookup); (): none did
 
     @property
     def passes(self) -> int:
@@ -65,12 +66,17 @@ class StepRecorder:
         self._verified = time.perf_counter()
 
     def record(
-        self, draft_tokens: list[int], accepted: list[int], catchup_tokens: int, draft_passes: int | None = None
+        self,
+        draft_tokens: list[int],
+        accepted: list[int],
+        catchup_tokens: int,
+        draft_passes: int | None = None,
+        free_rows: tuple[bool, ...] = (),
     ) -> StepRecord:
         step = StepRecord(
             len(draft_tokens), max(draft_tokens, default=0), draft_tokens, accepted,
             self._drafted - self._start, self._verified - self._drafted, catchup_tokens if any(draft_tokens) else 0,
-            draft_passes if any(draft_tokens) else None,
+            draft_passes if any(draft_tokens) else None, free_rows if any(free_rows) else (),
         )  # fmt: skip
         self.steps.append(step)
         return step
