@@ -34,8 +34,12 @@ constexpr int kInt8PrefetchBytes = 8192;
 // the misses each prefetch held in the load pipe. [8960 x 1536] matrices streamed from memory,
 // 8 rows, 2 threads, Zen 4 (benchmarks/kernel_stream.py, medians of interleaved runs, L1 -> L2):
 // int8 0.67 -> 0.53 ms, bf16 1.28 -> 1.21 ms, Q4_K (with its prefetches spread over the record,
-// linear.cpp) 0.66 -> 0.41 ms; one row: the same within the host's noise.
+// linear.cpp) 0.66 -> 0.41 ms; one row: the same within the host's noise, except int8, whose
+// one-row calls keep L1 (whole one-row int8 passes of the 1.5B, L2 / L1: 1.09, 1.09; R = 1 back
+// to L1: 0.99 of that; benchmarks/kernels_ab.py).
 constexpr int kPrefetchLocality = 2;
+template <int R>
+constexpr int kInt8PrefetchLocality = R == 1 ? 3 : kPrefetchLocality;  // (3: L1)
 
 #if VS_VEC_AVX512
 // acc += VPDPBUSD(w, the activation word *x broadcast to every lane), the broadcast folded into
@@ -58,7 +62,7 @@ inline __attribute__((always_inline)) void int8_groups_fixed(const uint8_t* w, c
   for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_si512();
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g) {
-    __builtin_prefetch(w + g * 64 + kInt8PrefetchBytes, 0, kPrefetchLocality);
+    __builtin_prefetch(w + g * 64 + kInt8PrefetchBytes, 0, kInt8PrefetchLocality<R>);
     const __m512i v = _mm512_loadu_si512(w + g * 64);
 #pragma GCC unroll 16
     for (int m = 0; m < R; ++m) dpbusd_bcast(acc[m], v, xw + g * R + m);
@@ -79,7 +83,7 @@ inline __attribute__((always_inline)) void int8_groups_fixed(const uint8_t* w, c
     for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_si256();
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
-      __builtin_prefetch(w + g * 64 + 32 * h + kInt8PrefetchBytes, 0, kPrefetchLocality);
+      __builtin_prefetch(w + g * 64 + 32 * h + kInt8PrefetchBytes, 0, kInt8PrefetchLocality<R>);
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32 * h));
 #pragma GCC unroll 8
       for (int m = 0; m < R; ++m) acc[m] = _mm256_dpbusd_avx_epi32(acc[m], v, _mm256_set1_epi32(xw[g * R + m]));
@@ -111,7 +115,7 @@ inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* xw, con
     __m256i acc[R];
     for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_si256();
     for (int64_t g = 0; g < groups; ++g) {
-      __builtin_prefetch(w + g * 64 + 32 * h + kInt8PrefetchBytes, 0, kPrefetchLocality);
+      __builtin_prefetch(w + g * 64 + 32 * h + kInt8PrefetchBytes, 0, kInt8PrefetchLocality<R>);
       const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32 * h)), flip);
       const __m256i mag = _mm256_abs_epi8(q);
       for (int m = 0; m < R; ++m) {
