@@ -148,8 +148,10 @@ def test_free_drafts_from_step_records_and_counters() -> None:
     assert (acc.num_drafts, acc.num_free_drafts, acc.free_draft_share) == (3, 2, pytest.approx(2 / 3))
     assert acceptance_from_steps([(3, 3), (2, 0)]).free_draft_share is None
     assert acceptance_from_counts(4, 8, 6, [3, 3], num_free_drafts=1).free_draft_share == pytest.approx(0.25)
-    text = ("verispec:spec_decode_num_drafts_total 4\nverispec:spec_decode_num_draft_tokens_total 8\n"
-            "verispec:spec_decode_num_accepted_tokens_total 6\nverispec:spec_decode_num_free_drafts_total 3\n")
+    text = (
+        "verispec:spec_decode_num_drafts_total 4\nverispec:spec_decode_num_draft_tokens_total 8\n"
+        "verispec:spec_decode_num_accepted_tokens_total 6\nverispec:spec_decode_num_free_drafts_total 3\n"
+    )
     spec = spec_from_metrics(None, MetricsSnapshot.from_text(text))
     assert spec is not None and (spec["num_free_drafts"], spec["free_draft_share"]) == (3, pytest.approx(0.75))
     vllm = spec_from_metrics(None, MetricsSnapshot.from_text(VLLM.format(d=3, t=6, a=4, p0=2, p1=2)))

@@ -72,7 +72,24 @@ def test_expensive_drafter_turns_speculation_off_and_probes() -> None:
     batch = requests(2)
     feed(policy, batch, 0.1)  # rarely accepted, and drafting costs 0.09 s a token against 0.1 s a pass
     ks = [policy.draft_lengths(batch, [100, 100])[0] for _ in range(8)]
-    assert ks.count(0) == 6 and ks.count(1) == 2  # off, with a probe every 4th step
+    assert ks == [0, 0, 0, 1, 1, 0, 0, 1]  # off, with a probe every 4th step, on two steps after the first
+
+
+def test_a_draft_cost_inflated_by_one_slow_step_is_measured_again() -> None:
+    """One slow draft step (a warm-up, a busy neighbour) priced the draft at 5x its cost and turned
+    speculation off. Probes then draft one token; the first step of each catches the drafter up on
+    what was committed meanwhile (the engine passes no draft time for it), the second drafts in
+    steady state and measures the draft again: speculation comes back."""
+    policy = MeasuredPolicy(8, costs=costs({1: 0.04, 2: 0.042, 3: 0.046, 5: 0.06, 9: 0.1}), probe_every=4)
+    batch = requests(1)
+    policy.observe(batch, [2], [2], draft_seconds=2 * 0.06, verify_seconds=0.046)  # 60 ms a draft pass
+    ks = []
+    for _ in range(60):
+        k = policy.draft_lengths(batch, [100])[0]
+        ks.append(k)
+        steady = k > 0 and ks[-2:-1] == [k]  # (a probe's first step is a catch-up: no draft time)
+        policy.observe(batch, [k], [k], draft_seconds=k * 0.012 if steady else None, verify_seconds=0.04 + 0.002 * k)
+    assert ks[0] == 0 and ks[-10:].count(0) == 0  # off after the slow step, then back on for good
 
 
 def test_budget_caps_the_draft() -> None:
@@ -198,7 +215,7 @@ def test_a_flat_pass_buys_a_wide_tree_a_steep_one_a_chain_or_nothing() -> None:
     costly = TreePolicy(16, 6, prior=(0.3,), costs=costs({1: 0.1, 2: 0.1, 3: 0.1, 5: 0.1, 9: 0.1}), probe_every=4)
     costly.draft_pass[1].update(0.09)  # a draft level costs nearly a target pass: never pays at p_1 = 0.3
     depths = [costly.draft_lengths(batch, [100])[0] for _ in range(8)]
-    assert depths.count(0) == 6 and depths.count(1) == 2  # off, with a one-node probe every 4th step
+    assert depths == [0, 0, 0, 1, 1, 0, 0, 1]  # off, with a one-node probe every 4th step, on two steps
     assert costly.tree_shapes(batch, [1]) == [(-1,)]
 
 

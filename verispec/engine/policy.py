@@ -16,9 +16,9 @@ Costs start from the calibration of the target measured on this machine at first
 (:mod:`verispec.engine.calibrate`), or from a prior (a flat verification curve and a draft pass at
 20% of a target pass); the draft's cost is learnt from the first steps; every estimate then follows
 the times of real steps (the calibrated curve keeps its shape and takes its level from them).
-While speculation is off, a short probe draft every ``probe_every`` steps
-keeps the acceptance estimates alive, so that speculation comes back when the text becomes
-predictable again.
+While speculation is off, a one-token probe draft on two consecutive steps every ``probe_every``
+steps keeps the acceptance and draft-cost estimates alive (the second step measures the draft in
+steady state), so that speculation comes back when the text becomes predictable again.
 
 The ``a_i`` are those of the drafts K schedules. A composite drafter's lookup drafts (``free_rows``
 in :meth:`MeasuredPolicy.observe`) cost no model pass and are not held to K: they are kept out
@@ -289,11 +289,22 @@ class MeasuredPolicy:
                 best_k, best_rate = k, rate
         if best_k == 0:
             self._idle_steps += 1
-            if self.probe_every and self._idle_steps % self.probe_every == 0:
+            if self._probing():
                 best_k = 1  # a cheap probe: keeps the acceptance and cost estimates current
         else:
             self._idle_steps = 0
         return [max(0, min(best_k, b)) for b in budgets]
+
+    def _probing(self) -> bool:
+        """Whether this idle step (speculation off, ``_idle_steps`` of them in a row) drafts a
+        one-token probe: two consecutive steps every ``probe_every``. The first feeds the drafter
+        the tokens committed while it was off, so its draft time is no sample of the draft's
+        cost; the second drafts in steady state and is one. With single probes an estimate that
+        one slow step had inflated was never measured again, and kept speculation off for good."""
+        if not self.probe_every:
+            return False
+        phase = self._idle_steps % self.probe_every
+        return phase == 0 or (phase == 1 and self._idle_steps > self.probe_every)
 
     def observe(
         self,
@@ -400,7 +411,7 @@ class TreePolicy(MeasuredPolicy):
             depths.append(best.depth if best is not None else 0)
         if not any(depths):
             self._idle_steps += 1
-            if self.probe_every and self._idle_steps % self.probe_every == 0:  # a one-node probe
+            if self._probing():  # a one-node probe
                 for i, (req, budget) in enumerate(zip(batch, budgets, strict=True)):
                     if budget > 0:
                         self._chosen[req.request_id], depths[i] = (-1,), 1
