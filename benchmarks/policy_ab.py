@@ -7,7 +7,9 @@ the acceptance pooled over all positions (:class:`verispec.engine.policy.Measure
 request knowing what the draft did before); "k2", "k3", "k4": a fixed draft length. One process,
 the default pair at the machine's defaults, a fresh policy per generation otherwise (a cold start,
 as each ``verispec generate`` is), greedy, 128 tokens, the variants and plain in rotating order
-per repeat; tok/s counts the prompt's prefill too. Asserts that all give the same tokens.
+per repeat; tok/s counts the prompt's prefill too. Asserts that all give the same tokens. The
+composite's suffix index keeps no earlier requests here: the variants share one drafter, and each
+would otherwise find the answer the variant before it produced.
 
     python benchmarks/policy_ab.py --set humaneval --prompts 8 --repeats 2 --json out.json
     python benchmarks/policy_ab.py --text "def quicksort(arr):" --repeats 4 --json out.json
@@ -69,6 +71,10 @@ def main() -> None:
     spec = build(TARGET, DRAFT, dtype=picked.dtype, draft_dtype=picked.draft_dtype, draft_head=picked.draft_head,
                  max_batch=1, max_len=2048)  # fmt: skip
     plain = build(TARGET, None, drafter="none", dtype=picked.dtype, max_batch=1, max_len=2048).engine
+    lookup = getattr(spec.engine.drafter, "lookup", None)
+    if lookup is not None and hasattr(lookup, "corpus_tokens"):
+        # no memory across requests: one variant's output would be the lookup's draft for the next
+        lookup.corpus_tokens = 0
     costs = load_or_calibrate(spec.engine.target, spec.target.name, verispec_home(), batch_sizes=[1])
     prompts = [args.text] if args.text else list(prompt_set(args.set))[: args.prompts]
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
