@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from verispec.certify.tiny import tiny_config, tiny_pair
+from verispec.engine.policy import MeasuredPolicy
+from verispec.engine.request import Request
 from verispec.formats.tokenizer import Tokenizer
 
-__all__ = ["byte_tokenizer", "tiny_config", "tiny_pair"]
+__all__ = ["ModelOffPolicy", "byte_tokenizer", "tiny_config", "tiny_pair"]
+
+
+class ModelOffPolicy(MeasuredPolicy):
+    """A measured policy that schedules the draft model no token on any step (K = 0 everywhere),
+    so that only a drafter's free drafts (a composite's lookup, within the policy's ceilings) run."""
+
+    def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
+        return [0] * len(budgets)
 
 
 def byte_tokenizer() -> Tokenizer:

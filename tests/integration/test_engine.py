@@ -239,17 +239,13 @@ def test_the_composite_looks_up_on_steps_the_policy_gives_the_model_none() -> No
     """With K chosen per step and every step scheduled K = 0 (the model's drafts not worth their
     passes), the composite's lookup still drafts where its budget allows: the request's stats count
     those drafts as free, and the greedy output is plain greedy's. A fixed K = 0 drafts nothing."""
-    from verispec.engine.policy import MeasuredPolicy
-
-    class ModelOff(MeasuredPolicy):
-        def draft_lengths(self, batch, budgets):  # type: ignore[no-untyped-def]
-            return [0] * len(budgets)
+    from tests.tiny import ModelOffPolicy
 
     target, _ = tiny_pair(8)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]  # a span the lookup has seen, twice
     params = SamplingParams(temperature=0, max_tokens=24)
     e = engine("composite", k=None)
-    e.policy = ModelOff(e.config.max_draft_tokens)
+    e.policy = ModelOffPolicy(e.config.max_draft_tokens)
     out = e.generate([prompt], params)[0]
     stats = out.stats
     assert stats.num_free_drafts > 0 and stats.num_free_drafts == stats.num_drafts

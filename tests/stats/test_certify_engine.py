@@ -63,18 +63,14 @@ def test_engine_is_lossless(case: EngineCase) -> None:
 def test_a_composites_lookup_drafting_while_the_model_is_off_is_lossless() -> None:
     """K chosen per step, every step scheduled K = 0 for the model: the composite's lookup drafts
     alone, to its own length within the policy's ceiling (``free_when_off``)."""
-    from verispec.engine.policy import MeasuredPolicy
-
-    class ModelOff(MeasuredPolicy):
-        def draft_lengths(self, batch, budgets):  # type: ignore[no-untyped-def]
-            return [0] * len(budgets)
+    from tests.tiny import ModelOffPolicy
 
     case = EngineCase("composite", None, SamplingParams(temperature=0.9, top_p=0.95), 5)
-    gof, acceptance = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE, policy=ModelOff(4))
+    gof, acceptance = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE, policy=ModelOffPolicy(4))
     assert gof.p_value >= DEFAULT_ALPHA, gof
     assert acceptance > 0.0  # the lookup drafted and was accepted
     broken, _ = certify_engine_case(
-        case, num_sequences=N, seed=1, prompt=REPETITIVE, policy=ModelOff(4), broken_rule=AlwaysAcceptRule()
+        case, num_sequences=N, seed=1, prompt=REPETITIVE, policy=ModelOffPolicy(4), broken_rule=AlwaysAcceptRule()
     )
     assert broken.p_value < DEFAULT_ALPHA  # the same test sees a wrong rule on these drafts
 

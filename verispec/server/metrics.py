@@ -174,7 +174,9 @@ class _Seen:
     draft_tokens: int = 0
     accepted: int = 0
     per_pos: list[int] = field(default_factory=list)
-    free: tuple[int, int, int] = (0, 0, 0)  # free drafts, their tokens, their accepted tokens
+    free_drafts: int = 0  # (the drafts that cost no model pass, their tokens, their accepted tokens)
+    free_draft_tokens: int = 0
+    free_accepted: int = 0
 
 
 class MetricsRecorder:
@@ -220,14 +222,13 @@ class MetricsRecorder:
                 before = seen.per_pos[pos] if pos < len(seen.per_pos) else 0
                 if count != before:
                     m.accepted_per_pos.labels(name, str(pos)).inc(count - before)
-            free = (stats.num_free_drafts, stats.num_free_draft_tokens, stats.num_free_accepted_tokens)
-            counters = (m.num_free_drafts, m.num_free_draft_tokens, m.num_free_accepted_tokens)
-            for counter, now_, before_ in zip(counters, free, seen.free, strict=True):
-                if now_ != before_:
-                    counter.labels(name).inc(now_ - before_)
+            m.num_free_drafts.labels(name).inc(stats.num_free_drafts - seen.free_drafts)
+            m.num_free_draft_tokens.labels(name).inc(stats.num_free_draft_tokens - seen.free_draft_tokens)
+            m.num_free_accepted_tokens.labels(name).inc(stats.num_free_accepted_tokens - seen.free_accepted)
             seen.drafts, seen.draft_tokens = stats.num_drafts, stats.num_draft_tokens
             seen.accepted, seen.per_pos = stats.num_accepted_tokens, list(stats.accepted_per_pos)
-            seen.free = free
+            seen.free_drafts, seen.free_draft_tokens = stats.num_free_drafts, stats.num_free_draft_tokens
+            seen.free_accepted = stats.num_free_accepted_tokens
 
     def finished(self, request_id: str, reason: str, now: float) -> None:
         """A request left the engine (finished, aborted or failed)."""
