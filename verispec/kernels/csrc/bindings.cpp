@@ -1,9 +1,10 @@
 // torch glue of the kernels: argument checks, dtype handling, threading (at::parallel_for over
 // 16-row weight blocks, so the kernels use torch's thread count) and the Python module. Compiled
 // once per tier (VS_TIER names it; VS_TIER_AMX adds the tile engines), with the same functions.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <sys/syscall.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // not torch/extension.h: parsing its C++ frontend took 12 of this file's 33 s
 #include <unistd.h>
 
 #include <cmath>
