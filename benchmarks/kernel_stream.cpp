@@ -158,8 +158,9 @@ int main(int argc, char** argv) {
   a.xq_rows = xq.data(), a.xscale_rows = xscale.data(), a.xsum_rows = xsum.data(), a.xmin_rows = xmin.data();
   a.y = y.data(), a.M = m, a.N = n, a.K = k, a.out_bf16 = false;
   std::vector<float> xf(static_cast<size_t>(m) * k, 0.5f);
+  std::vector<uint16_t> xb(static_cast<size_t>(m) * k, 0x3F00);  // the same activations in bf16
   Bf16Args b{};
-  b.xf = xf.data(), b.y = y.data(), b.M = m, b.N = n, b.K = k, b.out_bf16 = false;
+  b.x = xb.data(), b.xf = xf.data(), b.y = y.data(), b.M = m, b.N = n, b.K = k, b.out_bf16 = false;
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -1,7 +1,8 @@
 """Every instruction-set tier of the kernels this CPU can execute computes the same bits: int8,
 Q4_K, the activation quantisation, attention, RMSNorm, RoPE, SwiGLU and the Q4_K dequantiser on
-all tiers; bf16 on avx512, avx2vnni, avx2 and portable (the amx tier adds bf16 products in AMX's order, and
-differs from the others by fp32 rounding only). Tiers this CPU cannot run are skipped, by name."""
+all tiers; bf16 on the tiers that sum in input order (avx512, avx2vnni, avx2, portable: "chain"),
+while amx (AMX's order) and avx512bf16 (VDPBF16PS's pairs) differ from them by fp32 rounding only.
+Tiers this CPU cannot run are skipped, by name."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from tests.kernels import q4k_blocks, require_kernels
+from verispec.errors import ConfigError
 from verispec.kernels import dispatch
 
 OTHERS = [t for t in dispatch.TIER_NAMES if t != "portable"]
@@ -86,17 +88,19 @@ def test_each_tier_equals_the_portable_one_bit_for_bit(tier: str, results: dict[
         )
     ours, portable = results[tier], results["portable"]
     differ = [key for key in portable if not same(ours[key], portable[key])]
-    expected = [key for key in portable if key.startswith("bf16 ")] if tier == "amx" else []
+    other_order = dispatch.by_name(tier).bf16_order != "chain"
+    expected = [key for key in portable if key.startswith("bf16 ")] if other_order else []
     assert differ == expected
 
 
-def test_amx_bf16_differs_by_fp32_rounding_only(results: dict[str, dict[str, Any]]) -> None:
-    if "amx" not in results:
+@pytest.mark.parametrize("tier", [t.name for t in dispatch.TIERS if t.bf16_order != "chain"])
+def test_a_bf16_of_another_order_differs_by_fp32_rounding_only(tier: str, results: dict[str, dict[str, Any]]) -> None:
+    if tier not in results:
         pytest.skip(
-            f"this CPU cannot run the amx tier (it lacks {', '.join(dispatch.missing(dispatch.by_name('amx')))})"
+            f"this CPU cannot run the {tier} tier (it lacks {', '.join(dispatch.missing(dispatch.by_name(tier)))})"
         )
     for key in (k for k in results["portable"] if k.startswith("bf16 ")):
-        a, b = results["amx"][key].double(), results["portable"][key].double()
+        a, b = results[tier][key].double(), results["portable"][key].double()
         assert ((a - b).abs() <= 1e-5 * b.abs().max() + 1e-6).all(), key
 
 
@@ -117,3 +121,23 @@ def test_the_tiers_are_ordered_and_forced_by_the_environment(monkeypatch: pytest
     for name in runnable:
         monkeypatch.setenv(dispatch.ISA_ENV, name.upper())
         assert dispatch.selected().name == name
+
+
+def test_avx512bf16_asks_for_an_amd_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VDPBF16PS's rounding was measured on AMD only: an Intel CPU with the same flags (Cooper
+    Lake) runs avx512, and one with AMX runs amx; the vendor is named where the tier is refused."""
+    tier = dispatch.by_name("avx512bf16")
+    flags = frozenset(tier.cpu_flags)
+    monkeypatch.setattr(dispatch, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(dispatch, "linux_machine", lambda: "x86_64")
+    monkeypatch.delenv(dispatch.ISA_ENV, raising=False)
+    monkeypatch.setattr(dispatch, "cpu_vendor", lambda: "AuthenticAMD")
+    assert dispatch.missing(tier) == [] and dispatch.selected().name == "avx512bf16"
+    monkeypatch.setattr(dispatch, "cpu_vendor", lambda: "GenuineIntel")
+    assert dispatch.missing(tier) == ["vendor AuthenticAMD (this CPU's is GenuineIntel)"]
+    assert dispatch.selected().name == "avx512"
+    monkeypatch.setattr(dispatch, "cpu_flags", lambda: flags | set(dispatch.by_name("amx").cpu_flags))
+    assert dispatch.selected().name == "amx"
+    monkeypatch.setenv(dispatch.ISA_ENV, "avx512bf16")
+    with pytest.raises(ConfigError, match="lacks vendor AuthenticAMD"):
+        dispatch.selected()

@@ -268,7 +268,7 @@ def test_a_cpu_without_the_instructions_gets_a_config_error(monkeypatch: pytest.
             call()
     monkeypatch.setenv("VERISPEC_ISA", "sse9")
     for call in (build.load, bf16_kernel_usable, lambda: check_precision("int8", "cpu")):  # an error, not a fallback
-        with pytest.raises(ConfigError, match="must be one of amx, avx512, avx2vnni, avx2, neon, portable"):
+        with pytest.raises(ConfigError, match="must be one of amx, avx512bf16, avx512, avx2vnni, avx2, neon, portable"):
             call()
     monkeypatch.delenv("VERISPEC_ISA")
     assert dispatch.selected().name == "avx2" and [t.name for t in dispatch.runnable()] == ["avx2", "portable"]
@@ -310,9 +310,9 @@ def test_bf16_packing_is_lossless(n: int, k: int) -> None:
 @pytest.mark.parametrize("bias", [True, False])
 def test_bf16_is_the_tier_arithmetic(m: int, bias: bool) -> None:
     """Bit for bit the plain-torch reference of the tier's summation order (amx: TDPBF16PS's, per
-    32 inputs, even and odd products summed apart, then added; the others: one sum per output in
-    input order), with activations whose outliers make the order matter, and a last 16-row block
-    that is partial."""
+    32 inputs, even and odd products summed apart, then added; avx512bf16: one sum per output by
+    input pairs, odd before even; the others: one sum per output in input order), with activations
+    whose outliers make the order matter, and a last 16-row block that is partial."""
     from verispec.kernels import Bf16Linear, reference_bf16_linear
 
     n, k = 50, 160
@@ -329,6 +329,32 @@ def test_bf16_is_the_tier_arithmetic(m: int, bias: bool) -> None:
     # and it is the product itself, up to fp32 rounding of the sums
     exact = x.double() @ w.double().T + (0 if b is None else b.double())
     assert ((ref.double() - exact).abs() <= 1e-5 * (x.double().abs() @ w.double().abs().T) + 1e-6).all()
+
+
+def test_bf16_pairs_count_denormals_as_zero() -> None:
+    """The avx512bf16 tier (VDPBF16PS): bf16 inputs and fp32 sums below fp32's normal range count
+    as zero, and a product that small still adds exactly to a larger sum (one rounding, an FMA);
+    its plain-torch reference says so bit for bit, and the reference without the flushes (the
+    negative control) does not."""
+    from verispec.kernels import Bf16Linear, reference_bf16_linear
+    from verispec.kernels.dispatch import selected
+
+    if selected().bf16_order != "pairs":
+        pytest.skip(f"the {selected().name} tier does not sum bf16 in VDPBF16PS's pairs")
+    n, k = 16, 64
+    tiny = torch.finfo(torch.float32).tiny  # 2^-126
+    w, x = torch.ones(n, k), torch.zeros(3, k)
+    x[0, 0], w[:, 0] = tiny / 4, 2.0**100  # a denormal input: 0, not 2^-28
+    x[1, 2:4], w[:, 2:4] = 2.0**-70, 2.0**-70  # products of 2^-140: denormal sums, 0 each time
+    x[2, 5], w[:, 5] = 1.0, 1.5 * tiny  # the odd input first: a normal sum of 1.5 tiny,
+    x[2, 4], w[:, 4] = 1.0, -tiny  # then its even one: 0.5 tiny, denormal, so 0
+    w, x = w.to(torch.bfloat16), x.to(torch.bfloat16)
+    y = load_fp32(Bf16Linear.from_weight(w), x)
+    ref = reference_bf16_linear(x, w, order="pairs")
+    assert torch.equal(y, ref)
+    assert torch.equal(ref, torch.zeros(3, n))
+    kept = reference_bf16_linear(x, w, order="chain")  # denormals kept: the control differs
+    assert not torch.equal(kept, ref)
 
 
 def load_fp32(lin: object, x: torch.Tensor) -> torch.Tensor:

@@ -1,17 +1,18 @@
 """CPU kernels for a decoder layer: GGUF Q4_K weights used exactly, per-channel int8, and bf16,
-plus attention, RMSNorm, RoPE and SwiGLU, in six instruction-set tiers picked at load time.
+plus attention, RMSNorm, RoPE and SwiGLU, in seven instruction-set tiers picked at load time.
 
 Activations of the int8 and Q4_K projections are quantised to int8 in blocks of 64 inputs (like
 llama.cpp's Q8 activations), the products are summed exactly in int32 and scaled in fp32, and a
 pass over 1 to 16 tokens reads the weights once, which keeps speculative verification cheap; row
 ``i`` of a call does not depend on the other rows, bit for bit. The tiers
 (:mod:`verispec.kernels.dispatch`): ``amx`` (Intel Xeon 4th gen+: AMX tiles for many rows and for
-bf16), ``avx512`` (AVX-512 VNNI: AMD Zen 4/5, Intel Ice Lake+), ``avx2vnni`` (AVX2 + AVX-VNNI: Intel
+bf16), ``avx512bf16`` (AMD Zen 4/5: ``avx512`` with VDPBF16PS for bf16), ``avx512`` (AVX-512
+VNNI: Intel Ice Lake+), ``avx2vnni`` (AVX2 + AVX-VNNI: Intel
 Core 12th gen+ client CPUs), ``avx2`` (AVX2 + FMA: every x86-64 CPU of the last ten years), ``neon``
 (AArch64 with the dot product extension: Graviton 2+, Ampere, Neoverse) and ``portable`` (plain
 C++: any CPU); the fastest this CPU executes is used, ``$VERISPEC_ISA`` forces a lower one. int8
-and int4 results are the same on every tier; bf16 is the same on all but amx (which adds in AMX's
-order). The C++ sources
+and int4 results are the same on every tier; bf16 is the same on all but amx and avx512bf16
+(which add in AMX's order, or in VDPBF16PS's pairs). The C++ sources
 (``csrc/``) compile on first use, one module per tier, cached under ``$VERISPEC_HOME/kernels``
 (:mod:`verispec.kernels.build`); they need a C++ compiler (g++ >= 11) and ninja, and raise
 :class:`~verispec.errors.ConfigError` with the remedy otherwise.

@@ -1,33 +1,39 @@
 """Which instruction-set tier of the CPU kernels runs here: picked from the CPU, or forced lower.
 
-The kernels come in six tiers, one compiled extension module each (:mod:`verispec.kernels.build`),
+The kernels come in seven tiers, one compiled extension module each (:mod:`verispec.kernels.build`),
 all with the same functions, packed layouts and results (see ``csrc/vec/linear.cpp``):
 
-======== ======================================================== ==============================
-tier     needs                                                    CPUs
-======== ======================================================== ==============================
-amx      AVX-512 F/BW/VL/DQ + BF16 + VNNI, AMX tiles (bf16, int8)  Intel Xeon 4th gen (Sapphire
-                                                                  Rapids) and newer
-avx512   AVX-512 F/BW/VL/DQ + VNNI, FMA, F16C                     AMD Zen 4 / 5, Intel Ice Lake,
-                                                                  Tiger Lake, Xeon 3rd gen
-avx2vnni AVX2, FMA, F16C + AVX-VNNI (256-bit VPDPBUSD)            Intel Alder Lake and later
-                                                                  client CPUs (Core 12th gen+),
-                                                                  AMD Zen 5 (where avx512 is
-                                                                  not exposed)
-avx2     AVX2, FMA, F16C                                          every x86-64 CPU since ~2013
-                                                                  (Haswell, Zen 1-3)
-neon     AArch64 NEON with the dot product extension (asimddp)    ARMv8.2-A and later: AWS
-                                                                  Graviton 2-4, Ampere Altra,
-                                                                  Neoverse N1/V1/V2
-portable plain C++ (the compiler vectorises what it can)          anything else
-======== ======================================================== ==============================
+========== ======================================================== ==============================
+tier       needs                                                    CPUs
+========== ======================================================== ==============================
+amx        AVX-512 F/BW/VL/DQ + BF16 + VNNI, AMX tiles (bf16, int8)  Intel Xeon 4th gen (Sapphire
+                                                                    Rapids) and newer
+avx512bf16 avx512's + AVX-512 BF16 (VDPBF16PS), on an AMD CPU       AMD Zen 4 / 5
+avx512     AVX-512 F/BW/VL/DQ + VNNI, FMA, F16C                     Intel Ice Lake, Tiger Lake,
+                                                                    Xeon 3rd gen (and Zen 4 / 5)
+avx2vnni   AVX2, FMA, F16C + AVX-VNNI (256-bit VPDPBUSD)            Intel Alder Lake and later
+                                                                    client CPUs (Core 12th gen+),
+                                                                    AMD Zen 5 (where avx512 is
+                                                                    not exposed)
+avx2       AVX2, FMA, F16C                                          every x86-64 CPU since ~2013
+                                                                    (Haswell, Zen 1-3)
+neon       AArch64 NEON with the dot product extension (asimddp)    ARMv8.2-A and later: AWS
+                                                                    Graviton 2-4, Ampere Altra,
+                                                                    Neoverse N1/V1/V2
+portable   plain C++ (the compiler vectorises what it can)          anything else
+========== ======================================================== ==============================
 
-int8 and int4 give the same bits on every tier; bf16 gives the same bits on avx512, avx2vnni, avx2,
-neon and portable, and the amx tier's bf16 (AMX's own order of fp32 additions) differs from them by fp32
-rounding. The neon tier is tested bit for bit against the portable one by cross-compiling both
-for AArch64 and running them under qemu-user (``tests/unit/test_kernel_neon.py``); its speed has
-not been measured on ARM hardware. ``$VERISPEC_ISA=amx|avx512|avx2vnni|avx2|neon|portable`` forces a tier
-(for tests and comparisons): one this CPU cannot execute is a :class:`~verispec.errors.ConfigError`.
+int8 and int4 give the same bits on every tier. bf16 sums its products in one of three orders
+(:attr:`Tier.bf16_order`, :func:`verispec.kernels.linear.reference_bf16_linear`): "chain" on
+avx512, avx2vnni, avx2, neon and portable (the same bits on the five); "pairs" on avx512bf16
+(VDPBF16PS: each input pair's odd product before its even one, denormals as zero); "amx" on amx
+(AMX's own order of fp32 additions). The three differ by fp32 rounding. avx512bf16 asks for an
+AMD CPU because VDPBF16PS's rounding was measured on AMD (Zen 4) only; an Intel CPU with AVX-512
+BF16 runs amx (Sapphire Rapids and newer) or avx512. The neon tier is tested bit for bit against
+the portable one by cross-compiling both for AArch64 and running them under qemu-user
+(``tests/unit/test_kernel_neon.py``); its speed has not been measured on ARM hardware.
+``$VERISPEC_ISA=amx|avx512bf16|avx512|avx2vnni|avx2|neon|portable`` forces a tier (for tests and
+comparisons): one this CPU cannot execute is a :class:`~verispec.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -52,14 +58,17 @@ HEADERS = ("common.h", "vec/vec.h", "vec/dots.h", "vec/q4k_scales.h", "amx/amx.h
 @dataclass(frozen=True)
 class Tier:
     """One build of the kernels: its sources (under ``csrc/``), compiler flags, the
-    ``/proc/cpuinfo`` flags a CPU needs to execute it, and the machine it needs ("x86_64",
-    "aarch64", or None for any)."""
+    ``/proc/cpuinfo`` flags a CPU needs to execute it, the machine it needs ("x86_64",
+    "aarch64", or None for any), the CPU vendor it needs (``/proc/cpuinfo``'s ``vendor_id``, or
+    None for any), and the order its bf16 kernel sums in ("chain", "pairs" or "amx")."""
 
     name: str
     sources: tuple[str, ...]
     flags: tuple[str, ...]
     cpu_flags: tuple[str, ...]
     machine: str | None = "x86_64"
+    vendor: str | None = None
+    bf16_order: str = "chain"
 
 
 #: The neon tier's compiler flags (also used by the tests that cross-compile it).
@@ -74,6 +83,15 @@ TIERS: tuple[Tier, ...] = (
         ("amx/w8a8.cpp", "amx/q4k.cpp", "amx/bf16.cpp", *_VECTOR_TIER),
         (*_AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mamx-int8", "-DVS_TIER_AMX=1"),
         (*_AVX512_CPU, "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"),
+        bf16_order="amx",
+    ),
+    Tier(
+        "avx512bf16",
+        _VECTOR_TIER,
+        (*_AVX512, "-mavx512bf16", "-DVS_VEC_DPBF16=1"),
+        (*_AVX512_CPU, "avx512_bf16"),
+        vendor="AuthenticAMD",
+        bf16_order="pairs",
     ),
     Tier("avx512", _VECTOR_TIER, _AVX512, _AVX512_CPU),
     Tier(
@@ -103,14 +121,25 @@ def cpu_flags() -> frozenset[str]:
 
 @functools.cache
 def _cpu_flags() -> frozenset[str]:
+    return frozenset(_cpuinfo_field(("flags", "Features")).split())  # x86, AArch64
+
+
+def cpu_vendor() -> str:
+    """This CPU's vendor as Linux reports it ("AuthenticAMD", "GenuineIntel"; "" when not said)."""
+    return _cpuinfo_field(("vendor_id",))
+
+
+@functools.cache
+def _cpuinfo_field(names: tuple[str, ...]) -> str:
+    """The value of the first ``/proc/cpuinfo`` line that starts with one of ``names`` ("" if none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
-        if line.startswith(("flags", "Features")):  # x86, AArch64
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        if line.startswith(names):
+            return line.split(":", 1)[1].strip()
+    return ""
 
 
 def linux_machine() -> str | None:
@@ -128,7 +157,10 @@ def missing(tier: Tier) -> list[str]:
         kind = {"x86_64": "x86-64", "aarch64": "AArch64"}[tier.machine]
         return [f"{kind} Linux (this is {sys.platform} on {platform.machine()})"]
     flags = cpu_flags()
-    return [f for f in tier.cpu_flags if f not in flags]
+    lacks = [f for f in tier.cpu_flags if f not in flags]
+    if tier.vendor is not None and cpu_vendor() != tier.vendor:
+        lacks.append(f"vendor {tier.vendor} (this CPU's is {cpu_vendor() or 'not said'})")
+    return lacks
 
 
 def runnable() -> tuple[Tier, ...]:
@@ -150,8 +182,9 @@ def selected() -> Tier:
     tier = by_name(forced)
     lacks = missing(tier)
     if lacks:
+        needs = [*tier.cpu_flags, *([f"vendor {tier.vendor}"] if tier.vendor else [])]
         raise ConfigError(
-            f"{ISA_ENV}={tier.name} needs a CPU with {', '.join(tier.cpu_flags)}; this one lacks "
+            f"{ISA_ENV}={tier.name} needs a CPU with {', '.join(needs)}; this one lacks "
             f"{', '.join(lacks)}: unset it, or choose one of {', '.join(t.name for t in runnable())}"
         )
     return tier

@@ -240,12 +240,15 @@ class Bf16Linear(nn.Module):
     """``y = x @ W.T + bias`` for bf16 weights ``W`` ``[N, K]`` and bf16 activations on verispec's
     kernels: the "bf16" precision's projections on the CPU.
 
-    Numerics, by tier (:mod:`verispec.kernels.dispatch`): on amx, fp32 sums in the order AMX's
-    TDPBF16PS adds (per step of 32 inputs, the sequential fp32 sums of the even- and of the
-    odd-indexed products, then ``C += even + odd``; denormals count as zero, ``csrc/amx/bf16.cpp``);
-    on avx512, avx2, neon and portable one fp32 sum per output adding the products in input order
-    with one rounding each (``csrc/vec/linear.cpp``, the same bits on the four). Then ``+ bias`` in fp32
-    and one rounding to bf16. :func:`reference_bf16_linear` is either arithmetic in plain torch.
+    Numerics, by tier (:mod:`verispec.kernels.dispatch`, :attr:`Tier.bf16_order`): on amx, fp32
+    sums in the order AMX's TDPBF16PS adds (per step of 32 inputs, the sequential fp32 sums of the
+    even- and of the odd-indexed products, then ``C += even + odd``; denormals count as zero,
+    ``csrc/amx/bf16.cpp``); on avx512bf16, one fp32 sum per output adding the products of input
+    pairs 0-1, 2-3, ... with VDPBF16PS, the odd input's before the even one's, one rounding each,
+    denormals as zero (``csrc/vec/dots.h``); on avx512, avx2, neon and portable one fp32 sum per
+    output adding the products in input order with one rounding each (``csrc/vec/linear.cpp``, the
+    same bits on the four). Then ``+ bias`` in fp32 and one rounding to bf16.
+    :func:`reference_bf16_linear` is each arithmetic in plain torch.
     Like torch's own bf16 matmul the weights and activations are used as they are (no extra
     rounding); unlike it, the result of a row never depends on the other rows of the call (batch
     invariance, bit for bit), and the weights are read once per call at close to memory bandwidth
@@ -304,20 +307,34 @@ class Bf16Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16"
 
 
+def _flush_denormals(t: Tensor) -> Tensor:
+    """``t`` (fp32) with its denormals replaced by zeros of their sign (DAZ / FTZ)."""
+    return torch.where(t.abs() < torch.finfo(torch.float32).tiny, t * 0, t)
+
+
 def reference_bf16_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, order: str | None = None) -> Tensor:
     """:class:`Bf16Linear`'s arithmetic in plain torch, for tests: ``x`` ``[M, K]`` and ``weight``
     ``[N, K]`` bf16 -> ``[M, N]`` fp32 (before the final rounding to bf16). ``order`` is "amx"
-    (TDPBF16PS's) or "chain" (the other tiers'); by default the selected tier's. Slow (one fp32
-    pass per input)."""
+    (TDPBF16PS's), "pairs" (VDPBF16PS's) or "chain" (the other tiers'); by default the selected
+    tier's. Slow (one pass over ``[M, N]`` per input)."""
     if order is None:
         from verispec.kernels.dispatch import selected
 
-        order = "amx" if selected().name == "amx" else "chain"
+        order = selected().bf16_order
+    if order not in ("chain", "pairs", "amx"):
+        raise ValueError(f"order must be 'chain', 'pairs' or 'amx', got {order!r}")
     xf, wf = x.to(torch.float32), weight.to(torch.float32)
     acc = torch.zeros(x.shape[0], weight.shape[0])
     if order == "chain":  # a bf16 x bf16 product is exact in fp32: acc + p is the FMA's one rounding
         for k in range(x.shape[1]):
             acc = acc + xf[:, k, None] * wf[None, :, k]
+    elif order == "pairs":
+        # In fp64 a product of two bf16 is exact (even one below fp32's normal range, which the FMA
+        # keeps too) and acc + p rounded to fp32 is the FMA's one rounding (53 >= 2 x 24 + 2 bits).
+        xd, wd = _flush_denormals(xf).double(), _flush_denormals(wf).double()
+        for k in range(0, x.shape[1], 2):
+            for j in (k + 1, k):
+                acc = _flush_denormals((acc.double() + xd[:, j, None] * wd[None, :, j]).float())
     else:
         for s in range(0, x.shape[1], BF16_ALIGN):
             even = torch.zeros_like(acc)

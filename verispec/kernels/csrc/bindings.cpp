@@ -31,6 +31,11 @@ void w8a8_linear_amx(const W8A8Args&, int64_t, int64_t) { TORCH_CHECK(false, "th
 void q4k_linear_amx(const W8A8Args&, int64_t, int64_t) { TORCH_CHECK(false, "this tier has no AMX"); }
 void bf16_linear_amx(const Bf16Args&, int64_t, int64_t) { TORCH_CHECK(false, "this tier has no AMX"); }
 #endif
+#if VS_VEC_DPBF16
+constexpr bool kHasDpbf16 = true;  // the avx512bf16 tier: its bf16 kernel multiplies bf16 pairs (VDPBF16PS)
+#else
+constexpr bool kHasDpbf16 = false;
+#endif
 
 namespace {
 
@@ -230,8 +235,10 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n,
   Bf16Args a{};
   a.w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   a.x = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
-  const at::Tensor xf = kHasAmx ? at::Tensor() : xc.to(at::kFloat);  // [M, K]: the vector kernels' broadcasts
-  a.xf = kHasAmx ? nullptr : xf.data_ptr<float>();
+  // [M, K]: the FMA kernels' broadcasts (amx and VDPBF16PS multiply the bf16 as they are)
+  constexpr bool kWidenX = !kHasAmx && !kHasDpbf16;
+  const at::Tensor xf = kWidenX ? xc.to(at::kFloat) : at::Tensor();
+  a.xf = kWidenX ? xf.data_ptr<float>() : nullptr;
   a.bias = bias_pointer(bias, n);
   a.y = y.data_ptr();
   a.M = x.size(0);

@@ -1,6 +1,6 @@
-// The projections of the avx512, avx2, neon and portable tiers (and the few-row int8 / Q4_K calls of
-// the amx tier), written once over vec.h's 16-lane types: the same packed weights and the same
-// arithmetic as the amx tier's tiles (amx/*.cpp document the layouts):
+// The projections of the avx512bf16, avx512, avx2, neon and portable tiers (and the few-row int8 /
+// Q4_K calls of the amx tier), written once over vec.h's 16-lane types: the same packed weights and
+// the same arithmetic as the amx tier's tiles (amx/*.cpp document the layouts):
 //
 //   int8   per activation block b (64 inputs): acc = sum p q (int32, exact), then in fp32
 //          t = t + float(acc) * scale_x[b], finally y = t * scale_w + bias (every step rounded)
@@ -9,13 +9,14 @@
 //          finally y = t + bias
 //   bf16   one fp32 sum per output, from 0, adding w[n][k] * x[m][k] for k = 0, 1, ..., K - 1 in
 //          order with one rounding each (an FMA; the product of two bf16 is exact in fp32), then
-//          + bias and one rounding to bf16 when the output is bf16
+//          + bias and one rounding to bf16 when the output is bf16; on avx512bf16 the inputs go
+//          by pairs, k = 1, 0, 3, 2, ..., each still one FMA, with denormals as zero (VDPBF16PS)
 //
 // So int8 and Q4_K give the same bits on every tier, amx included (integer sums are exact in any
 // order and the fp32 steps are these), and bf16 gives the same bits on avx512, avx2, neon and portable;
-// the amx tier's bf16 adds in TDPBF16PS's order instead (amx/bf16.cpp) and differs from these by
-// fp32 rounding. Each row's result depends on that row alone: an M-row call equals M one-row
-// calls bit for bit on every tier.
+// the avx512bf16 tier's bf16 adds in VDPBF16PS's pairs (dots.h) and the amx tier's in TDPBF16PS's
+// order (amx/bf16.cpp), each differing from these by fp32 rounding. Each row's result depends on
+// that row alone: an M-row call equals M one-row calls bit for bit on every tier.
 //
 // Cost: each 16-row weight block is read once per call and multiplied into kChunk (int8, Q4_K)
 // or a tiling's rows (bf16) activation rows at a time, the next chunk reading it again from L1/L2, so
@@ -48,7 +49,14 @@ struct Tiling {
 };
 #if VS_VEC_AVX512
 constexpr int kChunk = 8;  // activation rows per pass over a weight block (int8, Q4_K)
+#if VS_VEC_DPBF16
+// VDPBF16PS needs no widened weight pairs: 3 x 8 accumulators, 3 lines and a broadcast fit the 32
+// registers (an 8-row [8960 x 1536] bf16 matrix: 0.71-0.91 ms with 3 blocks, 0.92-0.97 with 2,
+// 1.20-1.29 for the FMA tile; benchmarks/kernel_stream.py --kinds bf16, 2 threads, Zen 4)
+constexpr Tiling kFewRows{4, 4, 1024}, kManyRows{3, 8, 4096};
+#else
 constexpr Tiling kFewRows{4, 4, 1024}, kManyRows{2, 8, 4096};  // 16 or 32 vector registers
+#endif
 #elif VS_VEC_AVX2
 // Plain AVX2 takes 8 rows a chunk: with 4, a fifth row was a chunk of its own, splitting every Q4_K
 // record again for one row (whole 1.5B passes, new / old: int4 T = 5 0.85, T = 8 0.93; int8 T = 5
@@ -190,9 +198,47 @@ void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0, int64_t ahead) {
   }
 }
 
+#if VS_VEC_DPBF16
+// The avx512bf16 tier's tile: the same tilings, the weight lines multiplied as they lie in memory
+// (16 lanes of (even, odd) input pairs: VDPBF16PS's operand) by each row's activation pair, so an
+// input pair costs one multiply per weight block and row where the FMA tile above takes two and
+// widens the weights first. Its sums add each pair's odd product before its even one and count
+// denormals as zero (dots.h), so its bits differ from the tile above by fp32 rounding.
+template <int G, int R>
+void bf16_pairs_tile(const Bf16Args& a, int64_t nb, int64_t row0, int64_t ahead) {
+  const int64_t pairs = a.K / 2, block = a.K * kRows;  // bf16 values per packed block
+  const uint16_t* w = a.w + nb * block;
+  const uint16_t* x[R];
+  __m512 acc[G][R];
+  for (int m = 0; m < R; ++m) {
+    x[m] = a.x + (row0 + m) * a.K;
+    for (int j = 0; j < G; ++j) acc[j][m] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < pairs; ++g) {
+    __m512i line[G];
+    for (int j = 0; j < G; ++j) {
+      const uint16_t* p = w + j * block + g * 32;  // one 64-byte line per group
+      __builtin_prefetch(p + ahead, 0, kPrefetchLocality);
+      line[j] = _mm512_loadu_si512(p);
+    }
+    for (int m = 0; m < R; ++m)
+      for (int j = 0; j < G; ++j) acc[j][m] = dpbf16_bcast(acc[j][m], line[j], x[m] + 2 * g);
+  }
+  for (int j = 0; j < G; ++j) {
+    const int64_t n0 = (nb + j) * kRows;
+    const int nv = valid_columns(a.N, nb + j);
+    for (int m = 0; m < R; ++m)
+      store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, F16{acc[j][m]}), nv);
+  }
+}
+#define VS_BF16_TILE bf16_pairs_tile
+#else
+#define VS_BF16_TILE bf16_tile
+#endif
+
 using Bf16Fn = void (*)(const Bf16Args&, int64_t, int64_t, int64_t);
 constexpr auto kBf16Fns = rows_table<kBf16Blocks>([](auto g) {
-  return rows_table<kBf16Rows>([](auto r) { return &bf16_tile<decltype(g)::value, decltype(r)::value>; });
+  return rows_table<kBf16Rows>([](auto r) { return &VS_BF16_TILE<decltype(g)::value, decltype(r)::value>; });
 });
 
 }  // namespace

@@ -23,6 +23,9 @@
 
 #if defined(__AVX512F__)
 #define VS_VEC_AVX512 1
+#if VS_VEC_DPBF16 && !defined(__AVX512BF16__)  // the avx512bf16 tier's build sets it (dots.h)
+#error "VS_VEC_DPBF16 needs -mavx512bf16"
+#endif
 #include <immintrin.h>
 #elif defined(__AVX2__)
 #define VS_VEC_AVX2 1
