@@ -14,7 +14,7 @@ import torch
 
 from tests.kernels import q4k_blocks, require_kernels
 from verispec.errors import ConfigError
-from verispec.kernels import dispatch
+from verispec.kernels import build, dispatch
 
 OTHERS = [t for t in dispatch.TIER_NAMES if t != "portable"]
 
@@ -136,6 +136,8 @@ def test_avx512bf16_asks_for_an_amd_cpu(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(dispatch, "cpu_vendor", lambda: "GenuineIntel")
     assert dispatch.missing(tier) == ["vendor AuthenticAMD (this CPU's is GenuineIntel)"]
     assert dispatch.selected().name == "avx512"
+    with pytest.raises(ConfigError, match=r"need a CPU with avx2, .*avx512_bf16, vendor AuthenticAMD; this one lacks"):
+        build.check_buildable(tier)
     monkeypatch.setattr(dispatch, "cpu_flags", lambda: flags | set(dispatch.by_name("amx").cpu_flags))
     assert dispatch.selected().name == "amx"
     monkeypatch.setenv(dispatch.ISA_ENV, "avx512bf16")

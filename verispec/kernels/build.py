@@ -106,7 +106,7 @@ def check_buildable(tier: Tier) -> None:
     lacks = missing(tier)
     if lacks:
         raise ConfigError(
-            f"the {tier.name} kernels need a CPU with {', '.join(tier.cpu_flags)}; this one lacks "
+            f"the {tier.name} kernels need a CPU with {tier.needs()}; this one lacks "
             f"{', '.join(lacks)}: use another tier ($VERISPEC_ISA unset picks one), or {_FALLBACK}"
         )
     if compiler() is None:

@@ -70,6 +70,10 @@ class Tier:
     vendor: str | None = None
     bf16_order: str = "chain"
 
+    def needs(self) -> str:
+        """What a CPU needs to execute this tier, in words: its flags, and its vendor if any."""
+        return ", ".join([*self.cpu_flags, *([f"vendor {self.vendor}"] if self.vendor else [])])
+
 
 #: The neon tier's compiler flags (also used by the tests that cross-compile it).
 NEON_FLAGS = ("-march=armv8.2-a+dotprod",)
@@ -182,9 +186,8 @@ def selected() -> Tier:
     tier = by_name(forced)
     lacks = missing(tier)
     if lacks:
-        needs = [*tier.cpu_flags, *([f"vendor {tier.vendor}"] if tier.vendor else [])]
         raise ConfigError(
-            f"{ISA_ENV}={tier.name} needs a CPU with {', '.join(needs)}; this one lacks "
+            f"{ISA_ENV}={tier.name} needs a CPU with {tier.needs()}; this one lacks "
             f"{', '.join(lacks)}: unset it, or choose one of {', '.join(t.name for t in runnable())}"
         )
     return tier

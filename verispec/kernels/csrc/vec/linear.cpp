@@ -231,14 +231,18 @@ void bf16_pairs_tile(const Bf16Args& a, int64_t nb, int64_t row0, int64_t ahead)
       store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, F16{acc[j][m]}), nv);
   }
 }
-#define VS_BF16_TILE bf16_pairs_tile
-#else
-#define VS_BF16_TILE bf16_tile
 #endif
 
 using Bf16Fn = void (*)(const Bf16Args&, int64_t, int64_t, int64_t);
+#if VS_VEC_DPBF16
+template <int G, int R>
+constexpr Bf16Fn kBf16Tile = &bf16_pairs_tile<G, R>;
+#else
+template <int G, int R>
+constexpr Bf16Fn kBf16Tile = &bf16_tile<G, R>;
+#endif
 constexpr auto kBf16Fns = rows_table<kBf16Blocks>([](auto g) {
-  return rows_table<kBf16Rows>([](auto r) { return &VS_BF16_TILE<decltype(g)::value, decltype(r)::value>; });
+  return rows_table<kBf16Rows>([](auto r) { return kBf16Tile<decltype(g)::value, decltype(r)::value>; });
 });
 
 }  // namespace
