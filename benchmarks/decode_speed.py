@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from verispec.cli.doctor import machine_line
 from verispec.config import EngineConfig, SamplingParams
 from verispec.engine import Engine
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load_model
@@ -272,9 +273,10 @@ def main() -> None:
 
     prompts = humaneval_prompts()[: args.prompts]
     bw = read_bandwidth()
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, loadavg {os.getloadavg()[0]:.2f}, "
+    machine = machine_line()
+    print(f"# {machine}, loadavg {os.getloadavg()[0]:.2f}, "
           f"read bandwidth {bw['median']:.1f} GB/s median, {bw['best']:.1f} best (limits use the best)")  # fmt: skip
-    results = {"bandwidth": bw, "args": vars(args), "roles": {}}
+    results = {"machine": machine, "bandwidth": bw, "args": vars(args), "roles": {}}
     for role in args.roles.split(","):
         results["roles"][role] = run_role(role, args, bw["best"], prompts)
         print_role(results["roles"][role])

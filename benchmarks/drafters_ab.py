@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from verispec.bench.prompts import prompt_set
+from verispec.cli.doctor import machine_line
 from verispec.config import SamplingParams
 from verispec.drafters.ngram import NgramDrafter
 from verispec.pipeline import Pipeline, build, machine_defaults
@@ -85,6 +86,7 @@ def main() -> None:
                  f"{steps[name][-1]['steps']} steps)" for name in names)  # fmt: skip
         print(pi, " ".join(shown), flush=True)
     summary = {}
+    print(f"# {machine_line()}")
     for name in names:
         ratios = [a / b for a, b in zip(tok_s[name], tok_s[names[0]], strict=True)]
         summary[name] = {
@@ -95,7 +97,8 @@ def main() -> None:
         print(f"{name}: median {summary[name]['median_tok_s']:.2f} tok/s; per prompt / {names[0]}: median "
               f"{summary[name]['median_ratio']:.3f}, geometric mean {summary[name]['geomean_ratio']:.3f}")  # fmt: skip
     if args.json is not None:
-        payload = {"args": vars(args) | {"json": str(args.json)}, "tok_s": tok_s, "steps": steps, "summary": summary}
+        payload = {"machine": machine_line(), "args": vars(args) | {"json": str(args.json)}, "tok_s": tok_s,
+                   "steps": steps, "summary": summary}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
 
 

@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from verispec.cli.doctor import cpu_model
 from verispec.kernels import dispatch
 from verispec.kernels.build import SOURCE_DIR, compiler, flags_of
 
@@ -95,7 +96,8 @@ def main() -> None:
     # (the best round: a capability, and a neighbour busy on one of the cores halves a round's figure)
     peak = max(peaks)
     peak_q4k = max(mixed)
-    print(f"### {tier.name} tier, {args.threads} threads, [{n} x {k}] matrices, about {args.mib} MiB per sweep")
+    print(f"### {cpu_model()}, {tier.name} tier, {args.threads} threads, [{n} x {k}] matrices, "
+          f"about {args.mib} MiB per sweep")  # fmt: skip
     if peak > 0:
         print(f"integer multiply peak (the instruction alone, {args.threads} threads): {peak:.2f} G groups/s")
     if peak_q4k > 0:
@@ -105,8 +107,8 @@ def main() -> None:
     print("| " + " | ".join([*columns, "of the mixed peak"]) + " |")
     print("|---|---|---|---|---|---|---|")
     results: dict[str, Any] = {
-        "tier": tier.name, "threads": args.threads, "n": n, "k": k, "peak": peak, "peak_q4k_mixed": peak_q4k,
-        "cases": [],
+        "cpu": cpu_model(), "tier": tier.name, "threads": args.threads, "n": n, "k": k, "peak": peak,
+        "peak_q4k_mixed": peak_q4k, "cases": [],
     }  # fmt: skip
     for (kind, m), values in runs.items():
         t = [v[0] for v in values]

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 from verispec.kernels import build
 from verispec.kernels.dispatch import selected
@@ -105,9 +106,8 @@ def main() -> None:
                         passes.append(time.perf_counter() - t0)
                         caches[name].truncate([args.context])
                     times[(name, width)].append(statistics.median(passes[1:]))
-    tier = selected().name
-    print(f"### {spec} {args.precision}, kernels of the working tree (new) vs {args.base} (old), {tier} tier, "
-          f"{args.threads} threads, {args.rounds} rounds")  # fmt: skip
+    print(f"### {spec} {args.precision}, kernels of the working tree (new) vs {args.base} (old), {machine_line()}, "
+          f"{args.rounds} rounds")  # fmt: skip
     print("| width T | new ms (median) | old ms (median) | new / old per round, median [min-max] |")
     print("|---|---|---|---|")
     for width in widths:

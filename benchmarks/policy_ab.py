@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from verispec.bench.prompts import prompt_set
+from verispec.cli.doctor import machine_line
 from verispec.config import SamplingParams
 from verispec.engine.calibrate import load_or_calibrate
 from verispec.engine.policy import FixedPolicy, MeasuredPolicy
@@ -110,11 +111,12 @@ def main() -> None:
                for pi in range(len(prompts))]
         for name in variants
     }  # fmt: skip
+    print(f"# {machine_line()}")
     for name in variants[:-1]:
         ratios = [a / b for a, b in zip(summary[name], summary["plain"], strict=True)]
         print(f"{name}: median speedup over plain {statistics.median(ratios):.3f}", [f"{r:.2f}" for r in ratios])
     if args.json is not None:
-        args.json.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"machine": machine_line(), "rows": rows, "summary": summary}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

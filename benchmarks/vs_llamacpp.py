@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from verispec.bench.prompts import humaneval_prompts
-from verispec.cli.doctor import cpu_model
+from verispec.cli.doctor import machine_line
 from verispec.config import SamplingParams
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.formats.registry import GGUF_FILE, model_dir
@@ -243,8 +243,8 @@ def main() -> None:
             plain = results["llama.cpp plain (server)"]
             # (speculative-simple may overshoot the token budget by a draft: one output is a prefix of the other)
             same[name] = [_prefix_equal(a["text"], b["text"]) for a, b in zip(rs, plain, strict=True)]
-    cpu = cpu_model()
-    print(f"\n### verispec vs llama.cpp: {cpu}, {args.threads} threads, {len(texts)} HumanEval prompts, "
+    cpu = machine_line()  # (torch runs --threads threads, as llama.cpp does)
+    print(f"\n### verispec vs llama.cpp: {cpu}, {len(texts)} HumanEval prompts, "
           f"{args.tokens} tokens, greedy, batch 1")  # fmt: skip
     print("| configuration | median tok/s | acceptance | spec == plain |\n|---|---|---|---|")
     for name, v in med.items():

@@ -30,3 +30,22 @@ def test_doctor_reports_the_cpu_the_kernels_and_the_flags(capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "verispec kernels" in out and "tier" in out and "GB/s" in out and "recommended" in out
     assert "kernel builds" in out
+
+
+def test_the_cpu_is_named_down_to_its_microarchitecture() -> None:
+    """A virtual machine often says only "AMD EPYC": the family and model say which generation
+    (and so which instructions and speeds) it is; every benchmark prints that with the tier."""
+    from verispec.cli.doctor import cpu_model, machine_line, microarchitecture
+
+    assert microarchitecture("AuthenticAMD", 25, 1) == "Zen 3"  # Milan
+    assert microarchitecture("AuthenticAMD", 25, 17) == "Zen 4"  # Genoa
+    assert microarchitecture("AuthenticAMD", 25, 0x61) == "Zen 4"  # Raphael
+    assert microarchitecture("AuthenticAMD", 26, 2) == "Zen 5"
+    assert microarchitecture("AuthenticAMD", 23, 0x31) == "Zen 2"
+    assert microarchitecture("GenuineIntel", 6, 0x8F) == "Sapphire Rapids"
+    assert microarchitecture("GenuineIntel", 6, 0x6A) == "Ice Lake-SP"
+    assert microarchitecture("AuthenticAMD", 25, 0x90) is None  # not guessed
+    assert microarchitecture("GenuineIntel", 6, 0x01) is None
+    assert microarchitecture("ARM", 0, 0) is None
+    assert cpu_model()
+    assert f"{dispatch.selected().name} tier" in machine_line() and "threads" in machine_line()

@@ -29,13 +29,75 @@ def register(sub: Any) -> None:
 
 
 def cpu_model() -> str:
+    """This CPU's name, and on x86 its family and model with the microarchitecture they identify:
+    "AMD EPYC (family 25 model 17: Zen 4)". (A virtual machine often names only the brand, and
+    the same brand spans microarchitectures of different instruction sets and speeds.)"""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "Model")):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or fields.get("Model") or platform.processor() or platform.machine()
+    vendor, family, model = fields.get("vendor_id"), fields.get("cpu family", ""), fields.get("model", "")
+    if not (family.isdigit() and model.isdigit()):
+        return name
+    arch = microarchitecture(vendor or "", int(family), int(model))
+    return f"{name} (family {family} model {model}{': ' + arch if arch else ''})"
+
+
+def machine_line() -> str:
+    """One line naming what a measurement ran on, for benchmarks to print and record: the CPU
+    (:func:`cpu_model`), the kernel tier in use and torch's threads."""
+    import torch
+
+    from verispec.errors import ConfigError
+    from verispec.kernels import dispatch
+
+    try:
+        tier = f"{dispatch.selected().name} tier"
+    except ConfigError:
+        tier = f"no kernel tier (${dispatch.ISA_ENV} names none this CPU runs)"
+    return f"{cpu_model()}, {tier}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+#: Intel family 6 models verispec's tiers tell apart (the ones with AVX-512 or AMX, and AVX2's first).
+_INTEL_MODELS = {
+    **dict.fromkeys((0x3C, 0x3F, 0x45, 0x46), "Haswell"),
+    **dict.fromkeys((0x3D, 0x47, 0x4F, 0x56), "Broadwell"),
+    0x55: "Skylake-SP / Cascade Lake / Cooper Lake",
+    **dict.fromkeys((0x6A, 0x6C), "Ice Lake-SP"),
+    **dict.fromkeys((0x7D, 0x7E), "Ice Lake"),
+    **dict.fromkeys((0x8C, 0x8D), "Tiger Lake"),
+    **dict.fromkeys((0x97, 0x9A), "Alder Lake"),
+    **dict.fromkeys((0xB7, 0xBA, 0xBF), "Raptor Lake"),
+    0x8F: "Sapphire Rapids",
+    0xCF: "Emerald Rapids",
+    **dict.fromkeys((0xAD, 0xAE), "Granite Rapids"),
+}
+
+
+#: AMD families and model ranges [first, last + 1) verispec tells apart.
+_AMD_MODELS = (
+    (0x17, 0x00, 0x30, "Zen / Zen+"),
+    (0x17, 0x30, 0x100, "Zen 2"),
+    (0x19, 0x00, 0x10, "Zen 3"),
+    (0x19, 0x10, 0x20, "Zen 4"),
+    (0x19, 0x20, 0x60, "Zen 3"),
+    (0x19, 0x60, 0x80, "Zen 4"),
+    (0x19, 0xA0, 0xB0, "Zen 4"),
+    (0x1A, 0x00, 0x100, "Zen 5"),
+)
+
+
+def microarchitecture(vendor: str, family: int, model: int) -> str | None:
+    """The microarchitecture an x86 vendor, family and model identify, where verispec knows it."""
+    if vendor == "GenuineIntel" and family == 6:
+        return _INTEL_MODELS.get(model)
+    if vendor == "AuthenticAMD":
+        return next((name for f, lo, hi, name in _AMD_MODELS if f == family and lo <= model < hi), None)
+    return None
 
 
 def diagnose(measure_bandwidth: bool = True) -> dict[str, Any]:
