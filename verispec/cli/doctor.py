@@ -7,7 +7,6 @@ import json
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 #: Instruction sets worth naming: what the kernels need, and what a CPU without them has instead.
@@ -32,18 +31,13 @@ def cpu_model() -> str:
     """This CPU's name, and on x86 its family and model with the microarchitecture they identify:
     "AMD EPYC (family 25 model 17: Zen 4)". (A virtual machine often names only the brand, and
     the same brand spans microarchitectures of different instruction sets and speeds.)"""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = fields.get("model name") or fields.get("Model") or platform.processor() or platform.machine()
-    vendor, family, model = fields.get("vendor_id"), fields.get("cpu family", ""), fields.get("model", "")
+    from verispec.kernels.dispatch import cpu_vendor, cpuinfo_field
+
+    name = cpuinfo_field("model name", "Model") or platform.processor() or platform.machine()
+    family, model = cpuinfo_field("cpu family"), cpuinfo_field("model")
     if not (family.isdigit() and model.isdigit()):
         return name
-    arch = microarchitecture(vendor or "", int(family), int(model))
+    arch = microarchitecture(cpu_vendor(), int(family), int(model))
     return f"{name} (family {family} model {model}{': ' + arch if arch else ''})"
 
 

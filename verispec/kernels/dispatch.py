@@ -125,24 +125,25 @@ def cpu_flags() -> frozenset[str]:
 
 @functools.cache
 def _cpu_flags() -> frozenset[str]:
-    return frozenset(_cpuinfo_field(("flags", "Features")).split())  # x86, AArch64
+    return frozenset(cpuinfo_field("flags", "Features").split())  # x86, AArch64
 
 
 def cpu_vendor() -> str:
     """This CPU's vendor as Linux reports it ("AuthenticAMD", "GenuineIntel"; "" when not said)."""
-    return _cpuinfo_field(("vendor_id",))
+    return cpuinfo_field("vendor_id")
 
 
 @functools.cache
-def _cpuinfo_field(names: tuple[str, ...]) -> str:
-    """The value of the first ``/proc/cpuinfo`` line that starts with one of ``names`` ("" if none)."""
+def cpuinfo_field(*names: str) -> str:
+    """The value of the first ``/proc/cpuinfo`` line whose key is one of ``names`` ("" if none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
     for line in text.splitlines():
-        if line.startswith(names):
-            return line.split(":", 1)[1].strip()
+        key, colon, value = line.partition(":")
+        if colon and key.strip() in names:
+            return value.strip()
     return ""
 
 
