@@ -56,7 +56,7 @@ def machine_line() -> str:
     return f"{cpu_model()}, {tier}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
-#: Intel family 6 models verispec's tiers tell apart (the ones with AVX-512 or AMX, and AVX2's first).
+#: Intel family 6 models verispec names: the generations from AVX2 on that its tiers tell apart.
 _INTEL_MODELS = {
     **dict.fromkeys((0x3C, 0x3F, 0x45, 0x46), "Haswell"),
     **dict.fromkeys((0x3D, 0x47, 0x4F, 0x56), "Broadwell"),
