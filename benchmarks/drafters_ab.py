@@ -86,7 +86,8 @@ def main() -> None:
                  f"{steps[name][-1]['steps']} steps)" for name in names)  # fmt: skip
         print(pi, " ".join(shown), flush=True)
     summary = {}
-    print(f"# {machine_line()}")
+    machine = machine_line()
+    print(f"# {machine}")
     for name in names:
         ratios = [a / b for a, b in zip(tok_s[name], tok_s[names[0]], strict=True)]
         summary[name] = {
@@ -97,7 +98,7 @@ def main() -> None:
         print(f"{name}: median {summary[name]['median_tok_s']:.2f} tok/s; per prompt / {names[0]}: median "
               f"{summary[name]['median_ratio']:.3f}, geometric mean {summary[name]['geomean_ratio']:.3f}")  # fmt: skip
     if args.json is not None:
-        payload = {"machine": machine_line(), "args": vars(args) | {"json": str(args.json)}, "tok_s": tok_s,
+        payload = {"machine": machine, "args": vars(args) | {"json": str(args.json)}, "tok_s": tok_s,
                    "steps": steps, "summary": summary}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
 

@@ -111,12 +111,13 @@ def main() -> None:
                for pi in range(len(prompts))]
         for name in variants
     }  # fmt: skip
-    print(f"# {machine_line()}")
+    machine = machine_line()
+    print(f"# {machine}")
     for name in variants[:-1]:
         ratios = [a / b for a, b in zip(summary[name], summary["plain"], strict=True)]
         print(f"{name}: median speedup over plain {statistics.median(ratios):.3f}", [f"{r:.2f}" for r in ratios])
     if args.json is not None:
-        args.json.write_text(json.dumps({"machine": machine_line(), "rows": rows, "summary": summary}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"machine": machine, "rows": rows, "summary": summary}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

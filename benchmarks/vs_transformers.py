@@ -133,7 +133,8 @@ def main() -> None:
         ]
     print(f"\n### verispec ({args.dtype}, draft {args.draft_dtype or args.dtype}, K={args.k}) vs transformers "
           f"({args.hf_dtype}), {len(prompts)} HumanEval prompts, {args.tokens} tokens, greedy, batch 1")  # fmt: skip
-    print(f"# {machine_line()}")
+    machine = machine_line()
+    print(f"# {machine}")
     print("| configuration | median tok/s |\n|---|---|")
     for name, v in med.items():
         print(f"| {name} | {v:.2f} |")
@@ -150,10 +151,9 @@ def main() -> None:
     for name, flags in same.items():
         print(f"{name}: {sum(flags)}/{len(flags)} prompts identical")
     if args.json is not None:
-        payload = {"machine": machine_line(), "args": vars(args) | {"json": str(args.json)}, "median_tps": med,
-                   "ratios": ratios,
-                   "alpha": alpha, "c": c, "k": k_eff, "predicted_speedup": predicted, "k_mean": k_mean,
-                   "identical": same, "runs": results}  # fmt: skip
+        payload = {"machine": machine, "args": vars(args) | {"json": str(args.json)}, "median_tps": med,
+                   "ratios": ratios, "alpha": alpha, "c": c, "k": k_eff, "predicted_speedup": predicted,
+                   "k_mean": k_mean, "identical": same, "runs": results}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=2))
 
 

@@ -163,6 +163,17 @@ void by_chunks(const W8A8Args& a, int64_t begin, int64_t end, const Table& fns) 
 
 // ------------------------------------------------------------------------------------ bf16
 
+// A bf16 tile's sums, G weight blocks from nb x R activation rows from row0: + bias, stored.
+template <int G, int R>
+inline void store_bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0, const F16 (&acc)[G][R]) {
+  for (int j = 0; j < G; ++j) {
+    const int64_t n0 = (nb + j) * kRows;
+    const int nv = valid_columns(a.N, nb + j);
+    for (int m = 0; m < R; ++m)
+      store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, acc[j][m]), nv);
+  }
+}
+
 // G weight blocks from nb times the R activation rows from row0, each weight stream prefetched
 // `ahead` values ahead.
 template <int G, int R>
@@ -190,12 +201,7 @@ void bf16_tile(const Bf16Args& a, int64_t nb, int64_t row0, int64_t ahead) {
       }
     }
   }
-  for (int j = 0; j < G; ++j) {
-    const int64_t n0 = (nb + j) * kRows;
-    const int nv = valid_columns(a.N, nb + j);
-    for (int m = 0; m < R; ++m)
-      store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, acc[j][m]), nv);
-  }
+  store_bf16_tile(a, nb, row0, acc);
 }
 
 #if VS_VEC_DPBF16
@@ -209,10 +215,10 @@ void bf16_pairs_tile(const Bf16Args& a, int64_t nb, int64_t row0, int64_t ahead)
   const int64_t pairs = a.K / 2, block = a.K * kRows;  // bf16 values per packed block
   const uint16_t* w = a.w + nb * block;
   const uint16_t* x[R];
-  __m512 acc[G][R];
+  F16 acc[G][R];
   for (int m = 0; m < R; ++m) {
     x[m] = a.x + (row0 + m) * a.K;
-    for (int j = 0; j < G; ++j) acc[j][m] = _mm512_setzero_ps();
+    for (int j = 0; j < G; ++j) acc[j][m] = zero();
   }
   for (int64_t g = 0; g < pairs; ++g) {
     __m512i line[G];
@@ -222,14 +228,9 @@ void bf16_pairs_tile(const Bf16Args& a, int64_t nb, int64_t row0, int64_t ahead)
       line[j] = _mm512_loadu_si512(p);
     }
     for (int m = 0; m < R; ++m)
-      for (int j = 0; j < G; ++j) acc[j][m] = dpbf16_bcast(acc[j][m], line[j], x[m] + 2 * g);
+      for (int j = 0; j < G; ++j) acc[j][m].v = dpbf16_bcast(acc[j][m].v, line[j], x[m] + 2 * g);
   }
-  for (int j = 0; j < G; ++j) {
-    const int64_t n0 = (nb + j) * kRows;
-    const int nv = valid_columns(a.N, nb + j);
-    for (int m = 0; m < R; ++m)
-      store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, F16{acc[j][m]}), nv);
-  }
+  store_bf16_tile(a, nb, row0, acc);
 }
 #endif
 
