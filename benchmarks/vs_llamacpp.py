@@ -8,8 +8,8 @@ the (shared) machine hits all of them alike:
 - **llama.cpp plain**: ``llama-server -m TARGET`` (end to end: prompt + generation, from the
   server's own timings), and once, ``llama-bench -p 0 -n TOKENS`` (text generation only);
 - **llama.cpp spec (server)**: ``llama-server -m TARGET -md DRAFT --spec-type draft-simple``;
-- **llama.cpp spec (simple)**: ``llama-speculative-simple`` with the same pair (its printed decode
-  speed: generation only, the prompt excluded);
+- **llama.cpp spec (simple)**: ``llama-speculative-simple`` with the same pair (its printed prompt
+  and decode times, added: end to end as the others);
 - **verispec plain** at each target precision of ``--configs``, and **verispec spec** for each
   ``TARGET:DRAFT`` precision pair of ``--configs`` (K auto, ``--draft-vocab``) and each drafter of
   ``--drafters`` (``model``; ``composite``: the suffix lookup, else the model, named
@@ -124,7 +124,9 @@ class LlamaServer:
 def speculative_simple(binary: Path, target: Path, draft: Path, prompt: str, args: argparse.Namespace,
                        extra: list[str]) -> dict[str, Any]:  # fmt: skip
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(prompt)
+        # llama.cpp's -f drops one trailing newline from the file (common/arg.cpp); HumanEval prompts
+        # end in one, and without it the model continues another text: one more keeps the prompt whole
+        f.write(prompt + "\n")
     try:
         cmd = [str(binary), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-t",
                str(args.threads), "-td", str(args.threads), "-f", f.name, "-n", str(args.tokens), "--temp", "0",
@@ -135,12 +137,14 @@ def speculative_simple(binary: Path, target: Path, draft: Path, prompt: str, arg
     if run.returncode != 0:
         raise RuntimeError(f"llama-speculative-simple exited with {run.returncode}")
     log = run.stderr
+    encoded = re.search(r"encoded\s+\d+ tokens in\s+([\d.]+) seconds", log)
     decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
     drafted = re.search(r"n_drafted\s*=\s*(\d+)", log)
     accepted = re.search(r"n_accept\s*=\s*(\d+)", log)
-    if decoded is None:
+    if decoded is None or encoded is None:
         raise RuntimeError("could not read llama-speculative-simple's timings")
-    n, seconds = int(decoded.group(1)), float(decoded.group(2))
+    # prompt + generation, as every other row counts it
+    n, seconds = int(decoded.group(1)), float(encoded.group(1)) + float(decoded.group(2))
     # stdout is the prompt as detokenised, then the generation
     text = run.stdout[run.stdout.find(prompt) + len(prompt) :] if prompt in run.stdout else run.stdout[len(prompt) :]
     return {"text": text, "tps": n / seconds, "seconds": seconds, "drafted": int(drafted.group(1)) if drafted else 0,
