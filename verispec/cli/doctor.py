@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     err = Console(stderr=True)
-    with err.status("looking at this machine (the kernels build once, about a minute)", spinner="dots"):
+    with err.status("looking at this machine (the kernels build once, 30 s to a minute)", spinner="dots"):
         report = diagnose(measure_bandwidth=not args.no_bandwidth)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -4,8 +4,8 @@ One module per instruction-set tier (:mod:`verispec.kernels.dispatch`: amx, avx5
 neon, portable), built from ``csrc/`` with that tier's flags by ``torch.utils.cpp_extension.load`` (g++
 with OpenMP, driven by ninja) into ``$VERISPEC_HOME/kernels/<key>/`` (default
 ``~/.cache/verispec/kernels``), where ``key`` hashes the tier, its sources (and their folder), the
-flags and the torch and Python versions: a first build takes about a minute (logged as it starts), later
-processes import the cached library in well under a second. A file lock (``kernels/.lock``,
+flags and the torch and Python versions: a first build takes 30 s to a minute on two cores (logged
+as it starts), later processes import the cached library in well under a second. A file lock (``kernels/.lock``,
 released by the OS if a process dies) serialises concurrent builds. Each folder names the sources it
 was built from (``SOURCES_FILE``); a fresh build removes the folders that can no longer be loaded
 (:func:`prune_stale`: its own install's earlier versions, installs that are gone), so the cache does
@@ -202,7 +202,7 @@ def load(home: Path | None = None, tier: str | None = None) -> Any:
         fresh = not any(folder.glob("*.so"))
         if fresh:
             logger.warning(
-                "compiling verispec's CPU kernels (%s tier) into %s (once per install: about a minute)",
+                "compiling verispec's CPU kernels (%s tier) into %s (once per install: 30 s to a minute)",
                 chosen.name,
                 folder,
             )
