@@ -17,8 +17,10 @@ the (shared) machine hits all of them alike:
 
 Reported: median tokens/s per configuration, acceptance (accepted / drafted draft tokens),
 whether each speculative output equals its own plain output token for token (llama.cpp: the
-text), and the ratios the issue sets targets for: verispec's best speculative / llama.cpp plain,
-verispec plain int4 / llama.cpp plain, verispec's best / llama.cpp's best speculative.
+text; its passes over several tokens can round a near tie differently from its one-token passes,
+so its speculative text can leave its plain text), and the ratios the issue sets targets for:
+verispec's best speculative / llama.cpp plain, verispec plain int4 / llama.cpp plain, verispec's
+best / llama.cpp's best speculative.
 
 llama.cpp comes from ``../shared/tools/build-llamacpp.sh`` (``--llama-cpp BIN``, default the folder
 it builds into); without it the llama.cpp rows are skipped with a message. Where llama.cpp's AMX
