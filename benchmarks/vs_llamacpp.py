@@ -9,7 +9,8 @@ the (shared) machine hits all of them alike:
   server's own timings), and once, ``llama-bench -p 0 -n TOKENS`` (text generation only);
 - **llama.cpp spec (server)**: ``llama-server -m TARGET -md DRAFT --spec-type draft-simple``;
 - **llama.cpp spec (simple)**: ``llama-speculative-simple`` with the same pair (its printed prompt
-  and decode times, added: end to end as the others);
+  and decode times, added: end to end as the others; a fresh process per prompt, so its prompt
+  time includes touching its weights' pages);
 - **verispec plain** at each target precision of ``--configs``, and **verispec spec** for each
   ``TARGET:DRAFT`` precision pair of ``--configs`` (K auto, ``--draft-vocab``) and each drafter of
   ``--drafters`` (``model``; ``composite``: the suffix lookup, else the model, named
@@ -287,8 +288,11 @@ def _prefix_equal(a: str, b: str) -> bool:
 
 
 def _served(bin_dir: Path, server_args: list[str], text: str, tokens: int) -> dict[str, Any]:
-    """One completion from a server started for it (no idle server spins beside the others)."""
+    """One completion from a server started for it (no idle server spins beside the others), after
+    a short one on the prompt's head: its weights' pages touched and its buffers allocated, as
+    verispec's engines are warm when they are timed."""
     with LlamaServer(bin_dir / "llama-server", server_args) as srv:
+        srv.complete(text[:200], 8)
         return srv.complete(text, tokens)
 
 
