@@ -30,7 +30,11 @@ permission on some kernels), the run retries it with ``--no-repack`` and says so
 
     python benchmarks/vs_llamacpp.py [--prompts 5] [--tokens 128] [--threads 2]
         [--configs int4:int8,bf16:int8] [--drafters model,composite] [--draft-vocab 32768] [--draft-max 4]
-        [--json out.json]
+        [--json out.json] [--plot out.png]
+    python benchmarks/vs_llamacpp.py --plot-from out.json --plot out.png   (draw a saved run)
+
+``--plot`` draws the run as a PNG: each configuration's tokens/s on every prompt (dots) and its
+median (bar), the ratios in the title.
 """
 
 from __future__ import annotations
@@ -176,7 +180,14 @@ def main() -> None:
     ap.add_argument("--llama-cpp", type=Path, default=LLAMA_CPP_BIN)
     ap.add_argument("--no-llama", dest="llama", action="store_false")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="draw the run into this PNG")
+    ap.add_argument("--plot-from", type=Path, default=None, help="draw a saved --json run (runs nothing)")
     args = ap.parse_args()
+    if args.plot_from is not None:
+        if args.plot is None:
+            ap.error("--plot-from needs --plot")
+        plot(json.loads(args.plot_from.read_text()), args.plot)
+        return
     torch.set_num_threads(args.threads)
     pairs = [tuple(c.split(":")) for c in args.configs.split(",")]
     target_gguf, draft_gguf = model_dir(DEFAULT_TARGET) / GGUF_FILE, model_dir(DEFAULT_DRAFT) / GGUF_FILE
@@ -280,6 +291,42 @@ def main() -> None:
                    "runs": {n: [{k: v for k, v in r.items() if k not in ("tokens", "text")} for r in rs]
                             for n, rs in results.items()}}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=2))
+    if args.plot is not None:
+        plot({"cpu": cpu, "median_tps": med, "ratios": ratios, "identical": same, "llama_bench_tg": tg,
+              "runs": {n: [{"tps": r["tps"]} for r in rs] for n, rs in results.items()}}, args.plot)  # fmt: skip
+
+
+def plot(payload: dict[str, Any], path: Path) -> None:
+    """Tokens/s per configuration: one dot per prompt, a bar at the median; the ratios on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(payload["median_tps"])
+    top = max(r["tps"] for rs in payload["runs"].values() for r in rs)
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(names) + 2.2))
+    for i, name in enumerate(names):
+        color = "#dd8452" if name.startswith("verispec") else "#4c72b0"
+        tps = [r["tps"] for r in payload["runs"][name]]
+        ax.barh(i, payload["median_tps"][name], color=color, alpha=0.55)
+        ax.plot(tps, [i] * len(tps), "o", color=color, ms=4)
+        flags = payload.get("identical", {}).get(name)
+        equal = f", {sum(flags)}/{len(flags)} equal to plain" if flags else ""
+        ax.text(max(tps) + top * 0.02, i, f"median {payload['median_tps'][name]:.1f}{equal}", va="center", fontsize=8)
+    if payload.get("llama_bench_tg"):
+        ax.axvline(payload["llama_bench_tg"], color="#4c72b0", ls="--", lw=1)
+        ax.text(payload["llama_bench_tg"], len(names) - 0.4, " llama-bench tg (generation only)", fontsize=7,
+                color="#4c72b0")  # fmt: skip
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("tokens/s, end to end with the prompt (dots: prompts, bars: medians)")
+    ratios = "\n".join(f"{k}: {v:.2f}x" for k, v in payload.get("ratios", {}).items())
+    ax.set_title(f"{payload.get('cpu', '')}\n{ratios}", fontsize=8)
+    ax.set_xlim(0, top * 1.6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _prefix_equal(a: str, b: str) -> bool:
