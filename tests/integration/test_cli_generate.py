@@ -79,6 +79,23 @@ def test_generate_json(pair: tuple[Path, Path], drafter: str, capsys: pytest.Cap
     assert plain["token_ids"] == out["token_ids"]
 
 
+def test_the_report_puts_speculation_against_plain_decoding(
+    pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With K chosen from measured costs, the report prices plain decoding at the policy's
+    one-token step and sets the decode steps' tokens per second against it."""
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))  # (a calibration of its own)
+    target, draft = pair
+    args = ["generate", "hello world", "--target", str(target), "--draft", str(draft), "--drafter", "model",
+            "--max-tokens", "16", "--dtype", "fp32"]  # fmt: skip
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["one_token_pass_s"] > 0 and out["decode_tokens_per_s"] > 0
+    assert out["speedup_vs_plain"] == pytest.approx(out["decode_tokens_per_s"] * out["one_token_pass_s"])
+    assert main(args) == 0
+    assert "vs plain decoding" in capsys.readouterr().out
+
+
 def test_the_report_shows_the_lookups_drafts_and_the_models_apart() -> None:
     from verispec.cli.generate import free_drafts_line
     from verispec.metrics import SpecStats

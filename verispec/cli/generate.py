@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
 def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     """Everything the command shows, as plain data."""
     from verispec.analysis import speedup
+    from verispec.engine.policy import MeasuredPolicy
 
     stats = final.stats
     drafted_steps = [r for r in records if r.num_passes > 0]
@@ -111,6 +112,17 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
     alpha = stats.alpha  # (maximum likelihood over the chains as drafted: K varies per step)
     predicted = speedup(alpha, round(mean_k), c) if c is not None and alpha is not None and round(mean_k) > 0 else None
+    # Against plain decoding, measured: the decode steps' tokens per second (each step commits its
+    # accepted drafts and one token of the target's) times what a one-token step costs (the
+    # policy's calibrated pass at today's speed; else this run's plain steps). S above counts a
+    # verification as one plain step; a pass over K + 1 tokens costs more than one over 1.
+    decode_s = sum(r.draft_seconds + r.verify_seconds for r in records)
+    decode_tps = sum(sum(r.accepted) + r.batch for r in records) / decode_s if decode_s > 0 else None
+    policy = getattr(pipe.engine, "policy", None)
+    one_pass = policy.pass_seconds(1, 1) if isinstance(policy, MeasuredPolicy) else None
+    if one_pass is None and plain_steps:
+        one_pass = statistics.median(r.verify_seconds for r in plain_steps)
+    vs_plain = decode_tps * one_pass if decode_tps is not None and one_pass is not None and drafted_steps else None
     return {
         "text": final.text,
         "token_ids": final.token_ids,
@@ -133,6 +145,9 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
         "alpha_estimate": alpha,
         "mean_draft_length": mean_k,
         "predicted_speedup": predicted,
+        "decode_tokens_per_s": decode_tps,
+        "one_token_pass_s": one_pass,
+        "speedup_vs_plain": vs_plain,
         "steps": {"speculative": len(drafted_steps), "plain": len(plain_steps)},
     }
 
@@ -194,6 +209,14 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
         if pred is None
         else f"{pred:.2f}x (a={summary['alpha_estimate']:.2f}, K~{summary['mean_draft_length']:.1f})",
     )
+    vs_plain, one, verify = summary["speedup_vs_plain"], summary["one_token_pass_s"], summary["verify_s"]
+    if vs_plain is not None:
+        widths = f"; a verify step costs {verify / one:.2f} of those" if verify and one else ""
+        table.add_row(
+            "vs plain decoding",
+            f"{vs_plain:.2f}x (decode steps {summary['decode_tokens_per_s']:.1f} tokens/s; plain decoding: one token "
+            f"per one-token step, {ms(one)} as calibrated{widths})",
+        )
     tps = t.get("tokens_per_s")
     table.add_row("tokens/s", "-" if tps is None else f"{tps:.1f}")
     table.add_row("TTFT", ms(t.get("ttft_s")))

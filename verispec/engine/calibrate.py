@@ -3,10 +3,10 @@
 Speculation pays while a target pass over ``K + 1`` tokens costs about as much as a pass over one
 (memory-bound). Whether it does depends on the hardware, the precision, the batch size and the
 kernels, so it is measured, not assumed: :func:`calibrate` times target passes over a grid of batch
-sizes and widths (tokens per row) — a few seconds: only the batch sizes the run uses, two timed
-passes per point after a 64-token prefill, with a progress callback — and the result is cached under
-``$VERISPEC_HOME/calibration/`` keyed by the model, its precision and device, the thread count and
-the torch version. :class:`~verispec.engine.policy.MeasuredPolicy` starts from it and refines it
+sizes and widths (tokens per row) — a few seconds: only the batch sizes the run uses, the fastest
+of three timed passes per point after a 64-token prefill, with a progress callback — and the result
+is cached under ``$VERISPEC_HOME/calibration/`` keyed by the model, its precision and device, the
+thread count and the torch version. :class:`~verispec.engine.policy.MeasuredPolicy` starts from it and refines it
 with the times of real steps.
 """
 
@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from verispec.names import QUANTIZED
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: the fastest of the timed passes (1: their median)
 
 
 @dataclass(frozen=True)
@@ -103,12 +102,15 @@ def calibrate(
     key: str = "",
     progress: ProgressFn | None = None,
 ) -> CostTable:
-    """Time target passes (median of ``repeats`` after one warm-up) over the grid; ``progress``
-    is called as ``progress("calibrate", passes done, passes in all)`` after each pass. The
-    policy refines these from the real steps' times, so a coarse grid is enough; what it keeps
-    from the grid is how the widths compare, so each round times every width in turn (on a
+    """Time target passes (the fastest of ``repeats`` after one warm-up) over the grid;
+    ``progress`` is called as ``progress("calibrate", passes done, passes in all)`` after each pass.
+    The policy refines these from the real steps' times, so a coarse grid is enough; what it
+    keeps from the grid is how the widths compare, so each round times every width in turn (on a
     shared machine a slow spell then slows all widths alike, where timing one width after the
-    other let a slow spell land on one width alone)."""
+    other let a slow spell land on one width alone), and each width keeps its fastest pass: a
+    neighbour on the machine only ever slows a pass, and a median of three still took one from a
+    slow spell (a table cached on two Zen 4 cores priced a one-token pass of the 1.5B at 46.8 ms,
+    above its 43.8 ms for three tokens; timed again, 32-37 ms against 37-40)."""
     max_batch = max(batch_sizes)
     cache = model.new_cache(max_batch, context + max(widths) + 1)
     slots = [cache.add_sequence() for _ in range(max_batch)]
@@ -134,7 +136,7 @@ def calibrate(
                 done += 1
                 if progress is not None:
                     progress("calibrate", done, total)
-    seconds = {cell: statistics.median(samples) for cell, samples in times.items()}
+    seconds = {cell: min(samples) for cell, samples in times.items()}
     return CostTable(seconds, context, key)
 
 

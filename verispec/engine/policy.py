@@ -200,6 +200,14 @@ class MeasuredPolicy:
             for p, r, f in zip(passed, reached, profile, strict=True)
         ]
 
+    def pass_seconds(self, batch: int, width: int) -> float | None:
+        """Estimated seconds of a decode step's target work (the pass, the laws and the rule) over
+        ``width`` tokens per row at ``batch`` rows, as :meth:`draft_lengths` prices it: the
+        calibrated curve at today's speed, else the real steps' times; None before either exists."""
+        if not self.calibrated and not any(e.value is not None for e in self.verify_time.values()):
+            return None
+        return self._verify_cost(batch, width)
+
     def _verify_cost(self, batch: int, width: int) -> float:
         """Seconds of a target pass over ``width`` tokens per row (see :meth:`_verify_estimate`)."""
         return max(self._verify_estimate(batch, width), 1e-9)
