@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import socket
@@ -283,17 +284,36 @@ def main() -> None:
             ratios["verispec plain int4 / llama.cpp plain"] = med["verispec plain int4"] / llama_plain
     for name, v in ratios.items():
         print(f"{name}: {v:.2f}x")
+    per_prompt = against_llama_plain(results)
+    if per_prompt:
+        print("per prompt against llama.cpp plain (geometric mean of the ratios): "
+              + ", ".join(f"{n} {v:.2f}x" for n, v in per_prompt.items()))  # fmt: skip
     for note in notes:
         print(f"note: {note}")
     if args.json is not None:
         payload = {"args": {k: str(v) for k, v in vars(args).items()}, "cpu": cpu, "median_tps": med,
-                   "llama_bench_tg": tg, "acceptance": accept, "identical": same, "ratios": ratios, "notes": notes,
+                   "llama_bench_tg": tg, "acceptance": accept, "identical": same, "ratios": ratios,
+                   "per_prompt_vs_llama_plain": per_prompt, "notes": notes,
                    "runs": {n: [{k: v for k, v in r.items() if k not in ("tokens", "text")} for r in rs]
                             for n, rs in results.items()}}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=2))
     if args.plot is not None:
         plot({"cpu": cpu, "median_tps": med, "ratios": ratios, "identical": same, "llama_bench_tg": tg,
               "runs": {n: [{"tps": r["tps"]} for r in rs] for n, rs in results.items()}}, args.plot)  # fmt: skip
+
+
+def against_llama_plain(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """Each configuration against llama.cpp's plain decoding prompt by prompt: the geometric mean
+    of the per-prompt tokens/s ratios (the medians above compare whole configurations, and prompts
+    whose answers differ in length move them apart; this pairs each prompt with itself)."""
+    base = runs.get("llama.cpp plain (server)")
+    if not base:
+        return {}
+    return {
+        name: math.exp(statistics.fmean(math.log(r["tps"] / b["tps"]) for r, b in zip(rs, base, strict=True)))
+        for name, rs in runs.items()
+        if name != "llama.cpp plain (server)" and all(r["tps"] > 0 for r in rs) and all(b["tps"] > 0 for b in base)
+    }
 
 
 def plot(payload: dict[str, Any], path: Path) -> None:
