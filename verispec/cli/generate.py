@@ -112,10 +112,10 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
     alpha = stats.alpha  # (maximum likelihood over the chains as drafted: K varies per step)
     predicted = speedup(alpha, round(mean_k), c) if c is not None and alpha is not None and round(mean_k) > 0 else None
-    # Against plain decoding, measured: the decode steps' tokens per second (each step commits its
+    # Against plain decoding: the decode steps' measured tokens per second (each step commits its
     # accepted drafts and one token of the target's) times what a one-token step costs (the
-    # policy's calibrated pass at today's speed; else this run's plain steps). S above counts a
-    # verification as one plain step; a pass over K + 1 tokens costs more than one over 1.
+    # policy's calibrated pass at the speed its real steps run; else this run's plain steps). S
+    # above counts a verification as one plain step; a pass over K + 1 tokens costs more.
     decode_s = sum(r.draft_seconds + r.verify_seconds for r in records)
     decode_tps = sum(sum(r.accepted) + r.batch for r in records) / decode_s if decode_s > 0 else None
     policy = getattr(pipe.engine, "policy", None)

@@ -6,8 +6,8 @@ kernels, so it is measured, not assumed: :func:`calibrate` times target passes o
 sizes and widths (tokens per row) — a few seconds: only the batch sizes the run uses, the fastest
 of three timed passes per point after a 64-token prefill, with a progress callback — and the result
 is cached under ``$VERISPEC_HOME/calibration/`` keyed by the model, its precision and device, the
-thread count and the torch version. :class:`~verispec.engine.policy.MeasuredPolicy` starts from it and refines it
-with the times of real steps.
+thread count and the torch version. :class:`~verispec.engine.policy.MeasuredPolicy` starts from it
+and refines it with the times of real steps.
 """
 
 from __future__ import annotations
