@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.bench.prompts import prompt_set
+from verispec.bench.stats import per_unit_ratios
 from verispec.cli.doctor import machine_line
 from verispec.config import SamplingParams
 from verispec.pipeline import Pipeline, build
@@ -62,11 +63,9 @@ def main() -> None:
           f"{args.tokens} tokens, greedy: {machine}")  # fmt: skip
     summary: dict[str, Any] = {}
     for name in names:
-        ratios = [a / b for a, b in zip(tok_s[name], tok_s["plain"], strict=True)]
         summary[name] = {
             "median_tok_s": statistics.median(tok_s[name]),
-            "median_ratio": statistics.median(ratios),
-            "geomean_ratio": statistics.geometric_mean(ratios),
+            **per_unit_ratios(tok_s[name], tok_s["plain"]),
             "median_accepted": statistics.median(accepted[name]) if name in accepted else None,
         }
         s = summary[name]

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from verispec.bench.prompts import prompt_set
+from verispec.bench.stats import per_unit_ratios
 from verispec.cli.doctor import machine_line
 from verispec.config import SamplingParams
 from verispec.drafters.ngram import NgramDrafter
@@ -89,12 +90,7 @@ def main() -> None:
     machine = machine_line()
     print(f"# {machine}")
     for name in names:
-        ratios = [a / b for a, b in zip(tok_s[name], tok_s[names[0]], strict=True)]
-        summary[name] = {
-            "median_tok_s": statistics.median(tok_s[name]),
-            "median_ratio": statistics.median(ratios),
-            "geomean_ratio": statistics.geometric_mean(ratios),
-        }
+        summary[name] = {"median_tok_s": statistics.median(tok_s[name])} | per_unit_ratios(tok_s[name], tok_s[names[0]])
         print(f"{name}: median {summary[name]['median_tok_s']:.2f} tok/s; per prompt / {names[0]}: median "
               f"{summary[name]['median_ratio']:.3f}, geometric mean {summary[name]['geomean_ratio']:.3f}")  # fmt: skip
     if args.json is not None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import socket
@@ -56,6 +55,7 @@ from typing import Any
 import torch
 
 from verispec.bench.prompts import humaneval_prompts
+from verispec.bench.stats import per_unit_ratios
 from verispec.cli.doctor import machine_line
 from verispec.config import SamplingParams
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -306,13 +306,13 @@ def against_llama_plain(runs: dict[str, list[dict[str, Any]]]) -> dict[str, floa
     """Each configuration against llama.cpp's plain decoding prompt by prompt: the geometric mean
     of the per-prompt tokens/s ratios (the medians above compare whole configurations, and prompts
     whose answers differ in length move them apart; this pairs each prompt with itself)."""
-    base = runs.get("llama.cpp plain (server)")
-    if not base:
+    base = [r["tps"] for r in runs.get("llama.cpp plain (server)", [])]
+    if not base or min(base) <= 0:
         return {}
     return {
-        name: math.exp(statistics.fmean(math.log(r["tps"] / b["tps"]) for r, b in zip(rs, base, strict=True)))
+        name: per_unit_ratios([r["tps"] for r in rs], base)["geomean_ratio"]
         for name, rs in runs.items()
-        if name != "llama.cpp plain (server)" and all(r["tps"] > 0 for r in rs) and all(b["tps"] > 0 for b in base)
+        if name != "llama.cpp plain (server)" and all(r["tps"] > 0 for r in rs)
     }
 
 

@@ -17,6 +17,7 @@ from verispec.bench.stats import (
     mean_ci,
     paired_proportion_diff,
     paired_ratio_ci,
+    per_unit_ratios,
 )
 from verispec.bench.verdict import GO, INCONCLUSIVE, NO_GO, LevelMeasurement, QualityMeasurement, decide
 
@@ -221,3 +222,10 @@ def test_sglang_gauges_and_garbage() -> None:
     samples = parse_prometheus('m{a="x\\"y",b="2"} 1.5 1700000000\n')
     assert samples[0].labels == {"a": 'x\\"y', "b": "2"} and samples[0].value == 1.5
     assert math.isnan(parse_prometheus("m NaN\n")[0].value)
+
+
+def test_per_unit_ratios_pair_each_unit_with_itself() -> None:
+    """2x on one prompt and 0.5x on another cancel on the ratio's own scale."""
+    out = per_unit_ratios([2.0, 1.0, 3.0], [1.0, 2.0, 3.0])
+    assert out["median_ratio"] == 1.0 and out["geomean_ratio"] == pytest.approx(1.0)
+    assert per_unit_ratios([4.0], [1.0]) == {"median_ratio": 4.0, "geomean_ratio": pytest.approx(4.0)}

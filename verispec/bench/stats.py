@@ -20,6 +20,7 @@ informative with few problems and no discordant pair (a bootstrap would collapse
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -60,6 +61,14 @@ class Interval:
     def as_dict(self) -> dict[str, Any]:
         return {"value": self.value, "low": self.low, "high": self.high, "confidence": self.confidence,
                 "method": self.method}  # fmt: skip
+
+
+def per_unit_ratios(values: Sequence[float], base: Sequence[float]) -> dict[str, float]:
+    """``values[j] / base[j]`` unit by unit (one prompt under two configurations), summarised as
+    their median and geometric mean (the mean on a ratio's own scale: 2x and 0.5x cancel). Every
+    value must be positive."""
+    ratios = [a / b for a, b in zip(values, base, strict=True)]
+    return {"median_ratio": statistics.median(ratios), "geomean_ratio": statistics.geometric_mean(ratios)}
 
 
 def paired_ratio_ci(

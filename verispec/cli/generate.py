@@ -118,7 +118,7 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     # above counts a verification as one plain step; a pass over K + 1 tokens costs more.
     decode_s = sum(r.draft_seconds + r.verify_seconds for r in records)
     decode_tps = sum(sum(r.accepted) + r.batch for r in records) / decode_s if decode_s > 0 else None
-    policy = getattr(pipe.engine, "policy", None)
+    policy = pipe.engine.policy
     one_pass = policy.pass_seconds(1, 1) if isinstance(policy, MeasuredPolicy) else None
     if one_pass is None and plain_steps:
         one_pass = statistics.median(r.verify_seconds for r in plain_steps)
