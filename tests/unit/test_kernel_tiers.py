@@ -2,11 +2,16 @@
 Q4_K, the activation quantisation, attention, RMSNorm, RoPE, SwiGLU and the Q4_K dequantiser on
 all tiers; bf16 on the tiers that sum in input order (avx512, avx2vnni, avx2, portable: "chain"),
 while amx (AMX's order) and avx512bf16 (VDPBF16PS's pairs) differ from them by fp32 rounding only.
-Tiers this CPU cannot run are skipped, by name."""
+Tiers this CPU cannot run are skipped, by name; those of this machine's architecture are still
+compiled, so that a change to the code they share cannot break a tier only other CPUs run."""
 
 from __future__ import annotations
 
 import itertools
+import platform
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,3 +148,38 @@ def test_avx512bf16_asks_for_an_amd_cpu(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv(dispatch.ISA_ENV, "avx512bf16")
     with pytest.raises(ConfigError, match="lacks vendor AuthenticAMD"):
         dispatch.selected()
+
+
+@pytest.mark.parametrize("tier", [t.name for t in dispatch.TIERS if t.machine == "x86_64"])
+def test_a_tier_this_cpu_cannot_run_still_compiles(tier: str, tmp_path: Path) -> None:
+    """Its sources (but the torch bindings) and tests/unit/kernel_check.cpp compile and link with its
+    flags: the amx tier's, say, on every CPU without AMX, where nothing else would build it."""
+    chosen = dispatch.by_name(tier)
+    if not dispatch.missing(chosen):
+        pytest.skip(f"this CPU runs the {tier} tier: the tests above build and run it")
+    cxx = build.compiler()
+    if platform.machine() != chosen.machine or cxx is None:
+        pytest.skip(f"the {tier} tier is built for {chosen.machine}; this is {platform.machine()} (or has no g++)")
+    # (-O1: inlining, where a wrong instruction set shows, at half the compile time of -O3)
+    flags = [*(f for f in build.flags_of(chosen) if f != "-O3"), "-O1", "-std=c++17"]
+    flags += [f"-I{build.SOURCE_DIR}", f"-I{build.SOURCE_DIR / 'vec'}"]
+    sources = [build.SOURCE_DIR / name for name in chosen.sources if name != "bindings.cpp"]
+    sources.append(Path(__file__).with_name("kernel_check.cpp"))
+
+    def compile_one(source: Path) -> subprocess.CompletedProcess[str]:
+        out = tmp_path / f"{source.parent.name}_{source.stem}.o"
+        cmd = [cxx, *flags, "-c", str(source), "-o", str(out)]
+        return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(compile_one, sources))
+    failed = [(s.name, d.stderr[-3000:]) for s, d in zip(sources, done, strict=True) if d.returncode != 0]
+    assert not failed, failed
+    linked = subprocess.run(
+        [cxx, *flags, *map(str, sorted(tmp_path.glob("*.o"))), "-o", str(tmp_path / "kernel_check")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert linked.returncode == 0, linked.stderr[-3000:]
