@@ -59,6 +59,18 @@ def test_high_acceptance_at_k_1_makes_longer_drafts_worth_trying() -> None:
     assert policy.acceptance("r0")[1] < 0.3 and policy.draft_lengths(batch, [100])[0] <= 1
 
 
+def test_the_price_of_a_pass_is_calibrated_or_measured_at_that_width() -> None:
+    """With a calibration, any width is priced from it; without one, only a width real steps ran
+    (a width-3 step's time is no price of a one-token step)."""
+    batch = requests(1)
+    calibrated = MeasuredPolicy(4, costs=costs({1: 0.03, 3: 0.04}))
+    assert calibrated.pass_seconds(1, 1) == pytest.approx(0.03)
+    measured = MeasuredPolicy(4)
+    assert measured.pass_seconds(1, 1) is None
+    measured.observe(batch, [2], [2], draft_seconds=0.02, verify_seconds=0.05)  # a pass over 3 tokens
+    assert measured.pass_seconds(1, 1) is None and measured.pass_seconds(1, 3) == pytest.approx(0.05)
+
+
 def test_compute_bound_verification_turns_speculation_off() -> None:
     linear = {1: 0.10, 2: 0.20, 3: 0.30, 5: 0.50, 9: 0.90}  # cost grows with every verified token
     policy = MeasuredPolicy(8, costs=costs(linear))

@@ -114,12 +114,13 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     predicted = speedup(alpha, round(mean_k), c) if c is not None and alpha is not None and round(mean_k) > 0 else None
     # Against plain decoding: the decode steps' measured tokens per second (each step commits its
     # accepted drafts and one token of the target's) times what a one-token step costs (the
-    # policy's calibrated pass at the speed its real steps run; else this run's plain steps). S
-    # above counts a verification as one plain step; a pass over K + 1 tokens costs more.
+    # policy's price of one; else this run's plain steps). S above counts a verification as one
+    # plain step; a pass over K + 1 tokens costs more.
     decode_s = sum(r.draft_seconds + r.verify_seconds for r in records)
     decode_tps = sum(sum(r.accepted) + r.batch for r in records) / decode_s if decode_s > 0 else None
     policy = pipe.engine.policy
     one_pass = policy.pass_seconds(1, 1) if isinstance(policy, MeasuredPolicy) else None
+    priced_by = "the policy's price" if one_pass is not None else "this run's plain steps"
     if one_pass is None and plain_steps:
         one_pass = statistics.median(r.verify_seconds for r in plain_steps)
     vs_plain = decode_tps * one_pass if decode_tps is not None and one_pass is not None and drafted_steps else None
@@ -148,6 +149,7 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
         "decode_tokens_per_s": decode_tps,
         "one_token_pass_s": one_pass,
         "speedup_vs_plain": vs_plain,
+        "one_token_pass_from": priced_by if one_pass is not None else None,
         "steps": {"speculative": len(drafted_steps), "plain": len(plain_steps)},
     }
 
@@ -215,7 +217,7 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
         table.add_row(
             "vs plain decoding",
             f"{vs_plain:.2f}x (decode steps {summary['decode_tokens_per_s']:.1f} tokens/s; plain decoding: one token "
-            f"per one-token step, {ms(one)} as calibrated{widths})",
+            f"per one-token step, {ms(one)} by {summary['one_token_pass_from']}{widths})",
         )
     tps = t.get("tokens_per_s")
     table.add_row("tokens/s", "-" if tps is None else f"{tps:.1f}")

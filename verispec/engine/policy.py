@@ -202,11 +202,13 @@ class MeasuredPolicy:
 
     def pass_seconds(self, batch: int, width: int) -> float | None:
         """Estimated seconds of a decode step's target work (the pass, the laws and the rule) over
-        ``width`` tokens per row at ``batch`` rows, as :meth:`draft_lengths` prices it: the
-        calibrated curve at today's speed, else the real steps' times; None before either exists."""
-        if not self.calibrated and not any(e.value is not None for e in self.verify_time.values()):
-            return None
-        return self._verify_cost(batch, width)
+        ``width`` tokens per row at ``batch`` rows: the calibrated curve at today's speed, as
+        :meth:`draft_lengths` prices it; without a calibration, the real steps' time at exactly
+        that shape, or None (the neighbouring widths :meth:`draft_lengths` falls back on are no
+        measure of this one)."""
+        if self.calibrated:
+            return self._verify_cost(batch, width)
+        return self.verify_time[(batch, width)].value if (batch, width) in self.verify_time else None
 
     def _verify_cost(self, batch: int, width: int) -> float:
         """Seconds of a target pass over ``width`` tokens per row (see :meth:`_verify_estimate`)."""
