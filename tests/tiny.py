@@ -13,7 +13,7 @@ from verispec.engine.policy import MeasuredPolicy
 from verispec.engine.request import Request
 from verispec.formats.tokenizer import Tokenizer
 
-__all__ = ["ModelOffPolicy", "byte_tokenizer", "tiny_config", "tiny_pair"]
+__all__ = ["ModelOffPolicy", "ThresholdStopPolicy", "byte_tokenizer", "tiny_config", "tiny_pair"]
 
 
 class ModelOffPolicy(MeasuredPolicy):
@@ -22,6 +22,48 @@ class ModelOffPolicy(MeasuredPolicy):
 
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
         return [0] * len(budgets)
+
+
+class ThresholdStop:
+    """A draft stop (``verispec.drafters.base.DraftStop``) that ends a row's draft after a token
+    whose confidence is below ``threshold``, else at the row's ceiling; counts what it did."""
+
+    def __init__(self, policy: ThresholdStopPolicy, lengths: Sequence[int]) -> None:
+        self.policy = policy
+        self.lengths = list(lengths)
+        self.ended: set[int] = set()  # rows ended by a doubtful token before their ceiling
+
+    def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
+        if drafted >= self.lengths[row]:
+            return False
+        if confidence < self.policy.threshold:
+            self.ended.add(row)
+            self.policy.ended += 1
+            return False
+        self.policy.continued += 1
+        return True
+
+    def settle(self, drafted: Sequence[int], accepted: Sequence[int], skip: Sequence[bool]) -> None:
+        self.policy.settled += 1
+
+
+class ThresholdStopPolicy(MeasuredPolicy):
+    """Every row drafts up to ``k`` tokens, its draft ended after any token whose draft confidence
+    is below ``threshold`` (:class:`ThresholdStop`): both ways of a draft stop, often, for the
+    certification of the drafters that honour one."""
+
+    def __init__(self, k: int, threshold: float) -> None:
+        super().__init__(k)
+        self.k, self.threshold = k, threshold
+        self.ended = self.continued = self.settled = 0
+        self.last: ThresholdStop | None = None
+
+    def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
+        return [max(0, min(self.k, b)) for b in budgets]
+
+    def draft_stop(self, batch: Sequence[Request], lengths: Sequence[int], budgets: Sequence[int]) -> ThresholdStop:  # type: ignore[override]
+        self.last = ThresholdStop(self, lengths)
+        return self.last
 
 
 def byte_tokenizer() -> Tokenizer:

@@ -205,7 +205,9 @@ class EngineConfig:
     """How the engine runs: batch and context limits, draft length, acceptance rule.
 
     ``num_draft_tokens``: a fixed K (0 = no speculation), or None to let the policy choose K per
-    request and per step from measurements (``max_draft_tokens`` bounds it). ``spec``: the
+    request and per step from measurements (``max_draft_tokens`` bounds it); then
+    ``confidence_stop`` lets a draft model's chain run to ``max_draft_tokens`` and end where its
+    confidence says the next token does not pay (:mod:`verispec.engine.confidence`). ``spec``: the
     acceptance rule and its lossy opt-in. ``max_len``: tokens per sequence (prompt + output) the
     KV caches hold.
     """
@@ -216,6 +218,7 @@ class EngineConfig:
     max_draft_tokens: int = 8
     spec: SpecConfig = SpecConfig()
     prefill_chunk: int = 512
+    confidence_stop: bool = True
 
     def __post_init__(self) -> None:
         for name, limit in (("max_batch", MAX_BATCH), ("max_len", MAX_LEN), ("max_draft_tokens", 256),

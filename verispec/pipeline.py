@@ -215,6 +215,7 @@ def build(
     datastore: str | os.PathLike[str] | None = None,
     heads: str | os.PathLike[str] | None = None,
     progress: ProgressFn | None = None,
+    confidence_stop: bool = True,
 ) -> Pipeline:
     """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
     ``k``: draft length, or None for the measured policy; ``dtype`` / ``draft_dtype``: "fp32",
@@ -226,7 +227,9 @@ def build(
     :class:`~verispec.engine.policy.TreePolicy`) and how its children are drawn. A fixed shape's
     depth is ``k`` when given, else the shape's.
     ``datastore``: the retrieval drafter's folder (or file) of text or code; ``heads``: the
-    medusa drafter's heads file (``verispec train medusa``)."""
+    medusa drafter's heads file (``verispec train medusa``). ``confidence_stop``: with K chosen
+    per step, a draft model's chain may run past it and ends where its confidence says the next
+    token does not pay (:mod:`verispec.engine.confidence`)."""
     if drafter not in DRAFTERS:
         raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
     if draft_dtype is None and drafter in MODEL_DRAFTERS and dtype in PRECISIONS:
@@ -256,7 +259,7 @@ def build(
     files = text_files(datastore) if datastore is not None else None  # (read before any model loads)
     config = EngineConfig(
         max_batch=max_batch, max_len=max_len, num_draft_tokens=k, spec=SpecConfig(rule=rule, allow_lossy=allow_lossy),
-        max_draft_tokens=max(8, shape.max_nodes if shape else 0),
+        max_draft_tokens=max(8, shape.max_nodes if shape else 0), confidence_stop=confidence_stop,
     )  # fmt: skip
     # KV caches larger than the machine are refused before any weight is read (where the configs
     # can be read cheaply); the caches' own check catches the rest.

@@ -92,3 +92,55 @@ def test_a_tree_whose_accepted_path_was_not_compacted_fails() -> None:
     gof, acceptance = certify_engine_case(case, num_sequences=4_000, seed=1, prompt=REPETITIVE, uncompacted_trees=True)
     assert acceptance > 0.0
     assert gof.p_value < DEFAULT_ALPHA
+
+
+@pytest.mark.parametrize(
+    ("drafter", "params", "head"),
+    [
+        ("model", SamplingParams(temperature=1.0), None),
+        ("model", SamplingParams(temperature=0.8, top_p=0.9), 3),
+        ("composite", SamplingParams(temperature=0.9), None),
+    ],
+    ids=["model", "model-head", "composite"],
+)
+def test_drafts_ended_by_their_confidence_are_lossless(drafter: str, params: SamplingParams, head: int | None) -> None:
+    """A draft stop ends drafts after doubtful tokens (``verispec.engine.confidence``): the law is
+    unchanged whether a position was drafted or left to the bonus token, as long as the doubtful
+    token itself is kept."""
+    from tests.tiny import ThresholdStopPolicy
+
+    policy = ThresholdStopPolicy(3, threshold=0.5)
+    case = EngineCase(drafter, None, params, 5, draft_head=head)
+    gof, acceptance = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE, policy=policy)
+    assert gof.p_value >= DEFAULT_ALPHA, gof
+    assert acceptance > 0.0
+    assert policy.ended > 1000 and policy.continued > 1000, (policy.ended, policy.continued)  # both ways, often
+
+
+def test_taking_back_the_doubtful_token_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negative control of the stop: a drafter that drops the doubtful token it drew (ends the
+    draft before it instead of after it) changes the law that position was drawn from."""
+    import verispec.drafters.registry as registry
+    from tests.tiny import ThresholdStopPolicy
+    from verispec.drafters.model import ModelDrafter
+    from verispec.verify.base import Draft
+
+    policy = ThresholdStopPolicy(3, threshold=0.5)
+    real_propose = ModelDrafter.propose
+
+    def drops_doubtful(self, batch, max_tokens):  # type: ignore[no-untyped-def]
+        draft = real_propose(self, batch, max_tokens)
+        ended = policy.last.ended if policy.last is not None else set()
+        num = draft.num_tokens.clone()
+        for row in ended:
+            num[row] -= 1
+            self._get(batch.request_ids[row]).last_k -= 1  # (its cache as if it had never drafted it)
+        width = int(num.max()) if len(num) else 0
+        assert draft.probs is not None
+        return Draft(draft.token_ids[:, :width], num, draft.probs[:, :width])
+
+    monkeypatch.setattr(registry.ModelDrafter, "propose", drops_doubtful)
+    case = EngineCase("model", None, SamplingParams(temperature=1.0), 5)
+    gof, _ = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE, policy=policy)
+    assert policy.ended > 1000
+    assert gof.p_value < DEFAULT_ALPHA, gof

@@ -60,6 +60,7 @@ def local_pipelines(
     allow_lossy: bool = False,
     datastore: str | None = None,
     heads: str | None = None,
+    confidence_stop: bool = True,
 ) -> tuple[Pipeline, Pipeline]:
     """The baseline and speculative pipelines of one pair, sharing the loaded target."""
     if drafter == "none" or k == 0:
@@ -67,7 +68,7 @@ def local_pipelines(
     spec = build(
         target, draft, drafter=drafter, k=k, dtype=dtype, draft_dtype=draft_dtype, device=device,
         max_batch=max_batch, max_len=max_len, draft_head=draft_head, tree=tree, tree_children=tree_children,
-        rule=rule, allow_lossy=allow_lossy, datastore=datastore, heads=heads,
+        rule=rule, allow_lossy=allow_lossy, datastore=datastore, heads=heads, confidence_stop=confidence_stop,
     )  # fmt: skip
     return Pipeline(baseline_engine(spec.engine), spec.target, None), spec
 

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,
             draft_dtype=args.draft_dtype, device=args.device, max_batch=1, draft_head=args.draft_vocab,
             tree=args.tree, tree_children=args.tree_children, rule=args.rule, allow_lossy=args.allow_lossy,
-            datastore=args.datastore, heads=args.heads,
+            datastore=args.datastore, heads=args.heads, confidence_stop=args.confidence_stop,
         )  # fmt: skip
     if picked:
         print(picked, file=sys.stderr)

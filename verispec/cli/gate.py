@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                     draft_dtype=args.draft_dtype, device=args.device, max_batch=args.max_batch or max(
                         [*args.concurrency, 1]), max_len=args.max_len, draft_head=args.draft_vocab,
                         tree=args.tree, tree_children=args.tree_children, rule=args.rule, allow_lossy=args.allow_lossy,
-                        datastore=args.datastore, heads=args.heads,
+                        datastore=args.datastore, heads=args.heads, confidence_stop=args.confidence_stop,
                 )  # fmt: skip
                 local_base, local_spec = serve_pair(stack, *pipes)
             if picked:
@@ -223,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
             pair = {"target": pipes[1].target.name, "draft": pipes[1].draft.name if pipes[1].draft else None,
                     "drafter": args.drafter, "k": args.k if args.k is not None else "auto", "dtype": args.dtype,
                     "draft_dtype": pipes[1].draft.precision if pipes[1].draft else None,
-                    "draft_vocab": args.draft_vocab, "device": args.device}  # fmt: skip
+                    "draft_vocab": args.draft_vocab, "confidence_stop": args.confidence_stop,
+                    "device": args.device}  # fmt: skip
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:  # fmt: skip
             result = run_gate(base, spec, prompts, settings, pair=pair, k_hint=args.k if external else None,

@@ -101,6 +101,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "or a fixed N (0 = no speculation)",
     )
     p.add_argument(
+        "--no-confidence-stop", dest="confidence_stop", action="store_false",
+        help="with --k auto: draft exactly the chosen K. By default a draft model's chain may run to 8 "
+        "tokens and ends after the first token whose confidence says the next one does not pay for its pass "
+        "(learnt from this run's accepted tokens; the output's law is unchanged either way)",
+    )  # fmt: skip
+    p.add_argument(
         "--dtype",
         default=None,
         choices=PRECISIONS,

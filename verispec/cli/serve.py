@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             draft_dtype=args.draft_dtype, device=args.device, max_batch=args.max_batch, max_len=args.max_len,
             draft_head=args.draft_vocab, tree=args.tree, tree_children=args.tree_children, rule=args.rule,
             allow_lossy=args.allow_lossy,
-            datastore=args.datastore, heads=args.heads,
+            datastore=args.datastore, heads=args.heads, confidence_stop=args.confidence_stop,
         )  # fmt: skip
     if picked:
         print(picked, file=sys.stderr)

@@ -24,6 +24,20 @@ from verispec.config import SamplingParams
 from verispec.verify.base import Draft
 
 
+class DraftStop(Protocol):
+    """Ends a row's draft early by the confidence of its tokens (the policy's, see
+    :mod:`verispec.engine.confidence`). A drafter that honours it (``stops_early = True``) calls
+    :meth:`keep_drafting` after every draft token it draws, the last one included, and drafts the
+    next position only on True; it never takes back a token it drew (that would change the law the
+    token was drawn from)."""
+
+    def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
+        """After row ``row``'s ``drafted``-th token, whose draft confidence is ``confidence`` (the
+        draft's probability of that token; of its top token at temperature 1 for a greedy request):
+        whether to draft another."""
+        ...
+
+
 @dataclass(frozen=True)
 class BatchView:
     """What a drafter may read of the running batch, one entry per row.
@@ -46,6 +60,9 @@ class BatchView:
     #: a static tree (its parents, -1 the root) the policy planned for row b, which a drafter that
     #: grows trees from a model draws instead of its own shape (None: its own shape)
     shapes: Sequence[tuple[int, ...] | None] | None = None
+    #: the policy's early stop for chain drafts (None: draft each row to its length); drafters that
+    #: do not declare ``stops_early`` ignore it, and the policy then schedules them as without it
+    stop: DraftStop | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -76,6 +93,9 @@ class Drafter(Protocol):
     # acceptance it expects of the model's drafts, and the request's stats count them apart; and
     # declare ``free_when_off = True`` to be asked for such drafts on steps the policy schedules
     # no draft for (the rows' ``BatchView.budgets`` then say how far they may go).
+    # A chain drafter that declares ``stops_early = True`` honours ``BatchView.stop``: the policy
+    # then schedules its rows to a ceiling and lets the stop end each draft where its confidence
+    # says the next token is not worth its pass.
 
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None: ...
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft: ...

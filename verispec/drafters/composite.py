@@ -55,6 +55,7 @@ class CompositeDrafter:
     last_draft_passes: int = 0  # the model's sequential passes in the last proposal (0 when lookups drafted all)
     last_free_rows: tuple[bool, ...] = ()  # per row of the last proposal: drafted by the lookup (no model pass)
     free_when_off: bool = True  # looks up on the steps the policy schedules no model draft for (see propose)
+    stops_early: ClassVar[bool] = True  # its model's drafts end by their confidence (BatchView.stop)
 
     def __init__(self, lookup: Lookup, model: ModelDrafter) -> None:
         self.lookup = lookup
@@ -88,10 +89,11 @@ class CompositeDrafter:
         model_k = [0 if found else k for found, k in zip(lookups, max_tokens, strict=True)]
         model_draft = self.model.propose(batch, model_k)
         self.last_catchup_tokens = self.model.last_catchup_tokens
-        self.last_draft_passes = max(model_k, default=0)
+        self.last_draft_passes = int(model_draft.num_tokens.max()) if len(batch) else 0  # (a stop may end drafts early)
         self.last_free_rows = tuple(bool(found) for found in lookups)
         n = len(batch)
-        k_max = max([*max_tokens, *(len(found) for found in lookups)], default=0)
+        # as wide as the longest draft made (the model's may end before its length: BatchView.stop)
+        k_max = max([model_draft.max_tokens, *(len(found) for found in lookups)], default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)
         laws = torch.zeros((n, k_max, self.model.vocab_size), dtype=torch.float32, device=model_draft.token_ids.device)
         if model_draft.probs is not None:

@@ -66,6 +66,7 @@ class ModelDrafter:
     name: ClassVar[str] = "model"
     proposes: ClassVar[bool] = True
     uses_target_hidden: ClassVar[bool] = False
+    stops_early: ClassVar[bool] = True  # honours BatchView.stop (drafts end by their confidence)
 
     def __init__(
         self,
@@ -203,7 +204,8 @@ class ModelDrafter:
         n = len(batch)
         k_max = max(max_tokens, default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)
-        laws = torch.zeros((n, k_max, self.vocab_size), dtype=torch.float32, device=self.model.device)
+        # (each position zeroed when it is drafted: a stop may end every draft well before k_max)
+        laws = torch.empty((n, k_max, self.vocab_size), dtype=torch.float32, device=self.model.device)
         rows = [b for b in range(n) if max_tokens[b] > 0]
         states = [self._get(batch.request_ids[b]) for b in rows]
         for b, state in zip(rows, states, strict=True):
@@ -236,11 +238,15 @@ class ModelDrafter:
             law = built.probs
             if built.failed:  # a row without a draft law stops drafting here; the others go on
                 ok = [a for a in range(len(active)) if a not in built.failed]
-                law = law[ok]
+                law, logits = law[ok], logits[ok]
                 active = [active[a] for a in ok]
                 if not active:
                     break
             picked = sample(law, [batch.generators[rows[j]] for j in active])  # [A]
+            laws[:, i].zero_()
+            ends: set[int] = set()  # rows whose draft the policy's stop ends here
+            if batch.stop is not None:
+                ends = self._stops(batch, [rows[j] for j in active], i + 1, logits, law, picked)
             if narrow:
                 assert self._head_ids is not None
                 picked = self._head_ids[picked]
@@ -253,10 +259,31 @@ class ModelDrafter:
                     laws[b, i] = law[a]
                 drafted[b].append(tokens[a])
                 pieces[j] = [tokens[a]]
-            active = [j for j in active if max_tokens[rows[j]] > i + 1]
+            active = [j for j in active if max_tokens[rows[j]] > i + 1 and rows[j] not in ends]
         # The last draft token of each row is never fed: fed counts context + (k - 1) drafts.
+        for b, state in zip(rows, states, strict=True):  # (what observe() rolls the cache back by)
+            state.last_k = len(drafted[b])
         num = torch.tensor([len(drafted.get(b, [])) for b in range(n)], dtype=torch.long)
-        return Draft(ids, num, laws)
+        width = int(num.max()) if n else 0  # the longest draft (positions past it were never drafted)
+        return Draft(ids[:, :width], num, laws[:, :width])
+
+    @staticmethod
+    def _stops(
+        batch: BatchView, rows: Sequence[int], drafted: int, logits: Tensor, law: Tensor, picked: Tensor
+    ) -> set[int]:
+        """Ask ``batch.stop`` about each row's ``drafted``-th token (``picked`` ``[A]``, drawn from
+        ``law`` ``[A, V]``, the draft's ``logits`` ``[A, V]`` before the request's processing) and
+        return the rows whose draft ends here. A token's confidence is its probability under the
+        law it was drawn from; a greedy request's law is a point mass, so there it is the top
+        token's probability at temperature 1."""
+        assert batch.stop is not None
+        drawn = law.gather(1, picked[:, None])[:, 0]  # [A]
+        greedy = [batch.params[b].greedy for b in rows]
+        if any(greedy):
+            top = torch.softmax(logits, dim=-1).amax(dim=-1)  # [A]
+            drawn = torch.where(torch.tensor(greedy, device=drawn.device), top, drawn)
+        confidence = drawn.tolist()
+        return {b for b, f in zip(rows, confidence, strict=True) if not batch.stop.keep_drafting(b, drafted, f)}
 
     @staticmethod
     def _scatter_rows(law: Tensor, rows: Sequence[int], n: int) -> Tensor:

@@ -161,6 +161,7 @@ class TreeDrafter(ModelDrafter):
     """A draft model that proposes token trees (see the module docstring)."""
 
     name: ClassVar[str] = "tree"
+    stops_early: ClassVar[bool] = False  # its drafts are trees of the planned depth, not chains a stop ends
 
     def __init__(
         self, model: LanguageModel, *, shape: TreeShape = TreeShape(), children: str = "fixed", **kwargs: object

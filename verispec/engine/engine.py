@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from verispec.config import EngineConfig, SamplingParams, check_text
-from verispec.drafters.base import BatchView, Drafter, TargetHiddenDrafter
+from verispec.drafters.base import BatchView, Drafter, DraftStop, TargetHiddenDrafter
 from verispec.drafters.plain import PlainDrafter
 from verispec.engine.policy import DraftPolicy, TreeStep, make_policy
 from verispec.engine.recorder import StepRecord, StepRecorder
@@ -259,8 +259,11 @@ class Engine:
         budgets = [r.max_output - r.num_output - 1 for r in batch]  # drafting past max_tokens is waste
         ks = self.policy.draft_lengths(batch, budgets)  # 1. a draft length per request (0 = none)
         shapes = self.policy.tree_shapes(batch, ks)  # (and a tree per request, where the policy plans trees)
+        # (or, for a drafter that ends drafts by their confidence, a ceiling and the stop that ends them)
+        stop = self.policy.draft_stop(batch, ks, budgets) if getattr(self.drafter, "stops_early", False) else None
+        lengths = stop.lengths if stop is not None else ks
         self.recorder.start()
-        draft = self._propose(batch, ks, self.policy.ceilings(budgets, ks), budgets, shapes)  # 2. the drafter proposes
+        draft = self._propose(batch, lengths, self.policy.ceilings(budgets, ks), budgets, shapes, stop)  # 2. propose
         self.recorder.drafted()
         counts = draft.num_tokens.tolist()  # host ints: drafters build drafts on the host
         logits, hidden = self._verify_pass(batch, draft, counts)  # 3. one target pass: [B, K + 1, V] fp32
@@ -274,6 +277,8 @@ class Engine:
         free = free if len(free) == len(batch) else (False,) * len(batch)
         step = self.recorder.record(counts, accepted, self.drafter.last_catchup_tokens, passes, free)
         healthy = [i for i in range(len(batch)) if i not in failed]
+        if stop is not None:  # what each confidence was worth (a lookup's rows were not the model's drafts)
+            stop.settle(counts, accepted, [i in failed or free[i] for i in range(len(batch))])
         trees: list[TreeStep | None] = [None] * len(batch)
         if draft.is_tree:  # which child was accepted at each level (Sequoia's positional acceptance)
             assert draft.parents is not None
@@ -303,6 +308,7 @@ class Engine:
         ceilings: list[int],
         room: list[int],
         shapes: list[tuple[int, ...] | None] | None,
+        stop: DraftStop | None = None,
     ) -> Draft:
         """The drafter's proposal for the rows with ``ks[b] > 0`` (nothing is asked of it, and no
         randomness spent, when no row drafts, unless it drafts free tokens on such steps:
@@ -313,7 +319,7 @@ class Engine:
         room = [min(r, self.config.max_draft_tokens) for r in room]
         view = BatchView(
             [r.request_id for r in batch], [r.params for r in batch], [r.generator for r in batch], ceilings, room,
-            shapes,
+            shapes, stop,
         )  # fmt: skip
         try:
             return self.drafter.propose(view, ks)

@@ -20,6 +20,14 @@ While speculation is off, a one-token probe draft on two consecutive steps every
 steps keeps the acceptance and draft-cost estimates alive (the second step measures the draft in
 steady state), so that speculation comes back when the text becomes predictable again.
 
+With ``confidence_stop`` (the default), a drafter that can end its drafts early (the draft model's
+chains) is not held to the chosen ``k``: it drafts up to ``max_k`` and ends each draft after the
+first token whose confidence says the next one does not pay for its pass
+(:mod:`verispec.engine.confidence`, learnt from the verified steps); ``k`` then only decides whether
+to speculate at all. On 16 HumanEval prompts (greedy, the default pair, two Zen 4 cores) that was
+1.10x the tokens per second of the chosen ``k`` and 1.05x those of the best fixed ``k``
+(``benchmarks/results/confidence_stop_zen4.md``).
+
 The ``a_i`` are those of the drafts K schedules. A composite drafter's lookup drafts (``free_rows``
 in :meth:`MeasuredPolicy.observe`) cost no model pass and are not held to K: they are kept out
 of the estimates, which would otherwise mix two kinds of draft (on summarisation prompts the
@@ -37,6 +45,7 @@ from typing import Protocol
 from verispec.analysis import TreePlan, optimal_trees, tree_paths
 from verispec.config import EngineConfig
 from verispec.engine.calibrate import CostTable
+from verispec.engine.confidence import ConfidenceTable, CostStop
 from verispec.engine.request import Request
 from verispec.metrics import SpecStats
 
@@ -60,6 +69,12 @@ class DraftPolicy(Protocol):
         """The most tokens a drafter whose tokens cost nothing (prompt lookup) may propose per
         request, beside the draft ``lengths`` just scheduled: a fixed K holds for every drafter; a
         chosen K does not bind a free draft, the cost of the wider pass it makes does."""
+        ...
+
+    def draft_stop(self, batch: Sequence[Request], lengths: Sequence[int], budgets: Sequence[int]) -> CostStop | None:
+        """For a drafter that ends drafts early (``stops_early``), with the draft ``lengths`` just
+        scheduled: a stop whose ``lengths`` are the ceilings to draft to instead, or None (draft
+        ``lengths``). The engine settles it with the verified outcome."""
         ...
 
     def observe(
@@ -86,6 +101,9 @@ class FixedPolicy:
 
     def ceilings(self, budgets: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
         return self.draft_lengths((), budgets)  # a fixed K binds every drafter
+
+    def draft_stop(self, batch: Sequence[Request], lengths: Sequence[int], budgets: Sequence[int]) -> CostStop | None:
+        return None  # a fixed K is what was asked for
 
     def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
         return None
@@ -140,6 +158,7 @@ class MeasuredPolicy:
         probe_every: int = 16,
         position_weight: float = 8.0,
         free_widening: float = 0.25,
+        confidence_stop: bool = True,
     ) -> None:
         self.max_k = max_k
         self.prior_accept = prior_accept
@@ -162,6 +181,14 @@ class MeasuredPolicy:
         self._idle_steps = 0  # consecutive steps without speculation
         #: the share of the planned pass's cost free drafts may add to it, over the batch (:meth:`ceilings`)
         self.free_widening = free_widening
+        #: whether drafters that can end drafts by their confidence draft to ``max_k`` and stop there
+        #: (:mod:`verispec.engine.confidence`), with what they learnt of confidence and acceptance
+        self.confidence_stop = confidence_stop
+        self.confidence = ConfidenceTable(prior_accept=prior_accept)
+        # tokens and seconds of speculative steps per batch size (their ratio: the rate a longer draft must beat)
+        self.step_tokens: dict[int, _Ema] = defaultdict(_Ema)
+        self.step_seconds: dict[int, _Ema] = defaultdict(_Ema)
+        self._planned_rate: dict[int, float] = {}  # the last draft_lengths' expected tokens per second
 
     # ---------------------------------------------------------------------------- estimates
     def acceptance(self, request_id: str | None = None) -> list[float]:
@@ -297,6 +324,7 @@ class MeasuredPolicy:
             rate = tokens / (k * draft + self._verify_cost(n, k + 1))
             if rate > best_rate * 1.01:  # a longer draft must earn its keep
                 best_k, best_rate = k, rate
+        self._planned_rate[n] = best_rate
         if best_k == 0:
             self._idle_steps += 1
             if self._probing():
@@ -304,6 +332,21 @@ class MeasuredPolicy:
         else:
             self._idle_steps = 0
         return [max(0, min(best_k, b)) for b in budgets]
+
+    def draft_stop(self, batch: Sequence[Request], lengths: Sequence[int], budgets: Sequence[int]) -> CostStop | None:
+        """Rows the plan drafts for (``lengths[b] > 0``) draft up to ``max_k`` and stop where the
+        next token no longer pays (:class:`~verispec.engine.confidence.CostStop`) at the rate
+        speculative steps of this batch size reach (the plan's rate until there are some); None
+        when the stop is off or no row drafts."""
+        if not self.confidence_stop or not any(lengths):
+            return None
+        n = len(batch)
+        ceilings = [min(self.max_k, b) if k > 0 else 0 for k, b in zip(lengths, budgets, strict=True)]
+        tokens, seconds = self.step_tokens[n].value, self.step_seconds[n].value
+        rate = tokens / seconds if tokens and seconds else self._planned_rate.get(n, 0.0)
+        verify = [0.0] + [self._verify_cost(n, w) for w in range(1, max(ceilings) + 3)]
+        greedy = [r.params.greedy for r in batch]
+        return CostStop(self.confidence, ceilings, greedy, self._draft_cost(n), verify, rate)
 
     def _probing(self) -> bool:
         """Whether this idle step (speculation off, ``_idle_steps`` of them in a row) drafts a
@@ -332,6 +375,8 @@ class MeasuredPolicy:
         passes = k if draft_passes is None else draft_passes
         if passes > 0 and draft_seconds is not None:
             self.draft_pass[len(batch)].update(draft_seconds / passes)
+            self.step_tokens[len(batch)].update(float(sum(a + 1 for a in accepted)))
+            self.step_seconds[len(batch)].update(draft_seconds + verify_seconds)
         free = free_rows if free_rows is not None else [False] * len(batch)
         for req, d, a, is_free in zip(batch, drafted, accepted, free, strict=True):
             if is_free:  # a lookup's draft: not what K schedules
@@ -432,6 +477,9 @@ class TreePolicy(MeasuredPolicy):
     def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
         return [self._chosen.get(r.request_id) if k > 0 else None for r, k in zip(batch, lengths, strict=True)]
 
+    def draft_stop(self, batch: Sequence[Request], lengths: Sequence[int], budgets: Sequence[int]) -> CostStop | None:
+        return None  # trees: the planned tree is the draft
+
     def observe(
         self,
         batch: Sequence[Request],
@@ -471,4 +519,4 @@ def make_policy(config: EngineConfig, speculative: bool, costs: CostTable | None
         return FixedPolicy(0)
     if config.num_draft_tokens is not None:
         return FixedPolicy(config.num_draft_tokens)
-    return MeasuredPolicy(config.max_draft_tokens, costs=costs)
+    return MeasuredPolicy(config.max_draft_tokens, costs=costs, confidence_stop=config.confidence_stop)
