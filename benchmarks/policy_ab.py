@@ -2,9 +2,11 @@
 
 "old": each position's record shrunk towards the estimate of the position before, position 1
 towards a fixed 0.6 (re-implemented here as the reference); "new": each position shrunk towards
-the acceptance pooled over all positions (:class:`verispec.engine.policy.MeasuredPolicy` today);
-"warm": today's policy kept from one generation to the next (as a server's is: it starts each
-request knowing what the draft did before); "k2", "k3", "k4": a fixed draft length. One process,
+the acceptance pooled over all positions (:class:`verispec.engine.policy.MeasuredPolicy`), K as
+chosen; "stop": the same, a draft then running to 8 tokens and ending where its confidence says
+the next token does not pay (:mod:`verispec.engine.confidence`; today's default); "warm": today's
+policy kept from one generation to the next (as a server's is: it starts each request knowing what
+the draft did before); "k2", "k3", "k4": a fixed draft length. "old" and "new" draft K exactly. One process,
 the default pair at the machine's defaults, a fresh policy per generation otherwise (a cold start,
 as each ``verispec generate`` is), greedy, 128 tokens, the variants and plain in rotating order
 per repeat; tok/s counts the prompt's prefill too. Asserts that all give the same tokens. The
@@ -51,7 +53,7 @@ def previous_position_acceptance(self: MeasuredPolicy, request_id: str | None = 
     return out
 
 
-VARIANTS = ("old", "new", "warm", "k2", "k3", "k4")
+VARIANTS = ("old", "new", "stop", "warm", "k2", "k3", "k4")
 
 
 def main() -> None:
@@ -61,6 +63,8 @@ def main() -> None:
     p.add_argument("--text", default=None, help="one prompt instead of a set")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--drafter", default="model", choices=("model", "composite"))
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled (outputs then differ; not compared)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}")
     args = p.parse_args()
@@ -69,8 +73,8 @@ def main() -> None:
         p.error(f"--variants takes some of {', '.join(VARIANTS)}")
     current = MeasuredPolicy.acceptance
     picked = machine_defaults(TARGET, DRAFT, "cpu")
-    spec = build(TARGET, DRAFT, dtype=picked.dtype, draft_dtype=picked.draft_dtype, draft_head=picked.draft_head,
-                 max_batch=1, max_len=2048)  # fmt: skip
+    spec = build(TARGET, DRAFT, drafter=args.drafter, dtype=picked.dtype, draft_dtype=picked.draft_dtype,
+                 draft_head=picked.draft_head, max_batch=1, max_len=2048)  # fmt: skip
     plain = build(TARGET, None, drafter="none", dtype=picked.dtype, max_batch=1, max_len=2048).engine
     lookup = getattr(spec.engine.drafter, "lookup", None)
     if lookup is not None and hasattr(lookup, "corpus_tokens"):
@@ -78,22 +82,25 @@ def main() -> None:
         lookup.corpus_tokens = 0
     costs = load_or_calibrate(spec.engine.target, spec.target.name, verispec_home(), batch_sizes=[1])
     prompts = [args.text] if args.text else list(prompt_set(args.set))[: args.prompts]
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
+    greedy = args.temperature == 0.0
     rows = []
     warm = MeasuredPolicy(spec.engine.config.max_draft_tokens, costs=costs)
     for pi, text in enumerate(prompts):
         ids = spec.target.tokenizer.encode(text)
         outputs = {}
         for rep in range(args.repeats):
+            params = SamplingParams(temperature=args.temperature, max_tokens=args.tokens, seed=None if greedy else rep)
             for name in variants if rep % 2 == 0 else variants[::-1]:
                 engine = plain
                 if name == "warm":
                     MeasuredPolicy.acceptance = current  # type: ignore[method-assign]
                     spec.engine.policy = warm
                     engine = spec.engine
-                elif name in ("old", "new"):
+                elif name in ("old", "new", "stop"):
                     MeasuredPolicy.acceptance = previous_position_acceptance if name == "old" else current  # type: ignore[method-assign]
-                    spec.engine.policy = MeasuredPolicy(spec.engine.config.max_draft_tokens, costs=costs)
+                    spec.engine.policy = MeasuredPolicy(
+                        spec.engine.config.max_draft_tokens, costs=costs, confidence_stop=name == "stop"
+                    )
                     engine = spec.engine
                 elif name != "plain":
                     spec.engine.policy = FixedPolicy(int(name[1:]))
@@ -102,8 +109,11 @@ def main() -> None:
                 out = engine.generate([ids], [params])[0]
                 rate = len(out.token_ids) / (time.perf_counter() - start)
                 outputs.setdefault(name, out.token_ids)
-                assert out.token_ids == next(iter(outputs.values())), (pi, name)
-                rows.append({"prompt": pi, "repeat": rep, "policy": name, "tok_s": rate})
+                assert not greedy or out.token_ids == next(iter(outputs.values())), (pi, name)
+                st = out.stats
+                rows.append({"prompt": pi, "repeat": rep, "policy": name, "tok_s": rate, "tokens": len(out.token_ids),
+                             "drafted": st.num_draft_tokens, "accepted": st.num_accepted_tokens,
+                             "drafts": st.num_drafts})  # fmt: skip
                 print(pi, rep, name, f"{rate:.2f}", flush=True)
     MeasuredPolicy.acceptance = current  # type: ignore[method-assign]
     summary = {
@@ -113,11 +123,21 @@ def main() -> None:
     }  # fmt: skip
     machine = machine_line()
     print(f"# {machine}")
+    print(f"# {args.drafter} drafter, {len(prompts)} prompts, {args.tokens} tokens, temperature {args.temperature}, "
+          f"{args.repeats} repeats")  # fmt: skip
     for name in variants[:-1]:
         ratios = [a / b for a, b in zip(summary[name], summary["plain"], strict=True)]
-        print(f"{name}: median speedup over plain {statistics.median(ratios):.3f}", [f"{r:.2f}" for r in ratios])
+        mine = [r for r in rows if r["policy"] == name]
+        drafted, accepted = sum(r["drafted"] for r in mine), sum(r["accepted"] for r in mine)
+        drafts = sum(r["drafts"] for r in mine)
+        print(f"{name}: median speedup over plain {statistics.median(ratios):.3f} "
+              f"(geometric mean {statistics.geometric_mean(ratios):.3f}); acceptance {accepted / max(drafted, 1):.3f}, "
+              f"{drafted / max(drafts, 1):.2f} tokens per draft, {accepted / max(drafts, 1) + 1:.2f} per "
+              "speculative step", [f"{r:.2f}" for r in ratios])  # fmt: skip
     if args.json is not None:
-        args.json.write_text(json.dumps({"machine": machine, "rows": rows, "summary": summary}, indent=1) + "\n")
+        payload = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
+                   "summary": summary}  # fmt: skip
+        args.json.write_text(json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":
