@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     from rich.console import Console
 
+    from verispec.kernels.hugepages import HUGE_PAGES_ENV
     from verispec.pipeline import build
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY")
@@ -123,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         config = replace(config, allowed_hosts=(*config.allowed_hosts, args.host.lower()))
     err = Console(stderr=True)
     picked = resolve_precisions(args)  # (said once the models load: a bad option fails alone, in one line)
+    # a server loads once and decodes for hours: its weights on huge pages (a slower load, faster passes)
+    os.environ.setdefault(HUGE_PAGES_ENV, "1")
     with err.status("loading models (prepare them once with `verispec models prepare`)", spinner="dots"):
         pipe = build(
             args.target, args.draft, drafter=args.drafter, k=args.k, dtype=args.dtype,

@@ -324,6 +324,9 @@ def restricted_head(model: LanguageModel, ids: Tensor) -> torch.nn.Module:
 
         module = select_rows(head, ids)
         if module is not None:
+            from verispec.kernels.hugepages import move_to_huge_pages
+
+            move_to_huge_pages(module)  # (read on every draft pass, like the model's own weights)
             return module
     weight = model.lm_weight
     if weight is None:

@@ -337,9 +337,12 @@ class Transformer(nn.Module):
         forward pass then computes a token's row the same way whatever else is in the pass, so a
         verification pass over ``K + 1`` tokens gives each of them the logits a one-token decode
         step gives it, bit for bit, and greedy speculative output equals greedy plain output in
-        these precisions too. fp32 models keep torch's kernels (they are the reference); raises
-        :class:`~verispec.errors.ConfigError` when the kernels cannot run here."""
+        these precisions too. The packed weights then move to transparent huge pages
+        (:mod:`verispec.kernels.hugepages`: the same values, read faster). fp32 models keep torch's
+        kernels (they are the reference); raises :class:`~verispec.errors.ConfigError` when the
+        kernels cannot run here."""
         from verispec.kernels import load
+        from verispec.kernels.hugepages import move_to_huge_pages
 
         if self.dtype != torch.bfloat16 or self.device.type != "cpu":
             return
@@ -353,6 +356,7 @@ class Transformer(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
         self.cpu_kernels = True
+        move_to_huge_pages(self)
         self._native_layers = self._native_layer_loop()
 
     def _native_layer_loop(self) -> Any:
