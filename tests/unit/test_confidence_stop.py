@@ -71,6 +71,15 @@ def test_the_policy_hands_out_a_stop_to_its_ceiling_only_where_it_drafts() -> No
     assert FixedPolicy(3).draft_stop(batch, [3, 3, 3], [9] * 3) is None  # a fixed K is what was asked for
 
 
+def test_a_probe_of_a_policy_that_stopped_speculating_drafts_one_token() -> None:
+    batch = requests(1)
+    steep = CostTable({(1, w): 0.030 * w for w in (1, 2, 3, 5, 9)}, context=128, key="test")
+    policy = MeasuredPolicy(8, costs=steep, probe_every=2)
+    lengths = [policy.draft_lengths(batch, [100])[0] for _ in range(4)]
+    assert 0 in lengths and 1 in lengths  # off, with one-token probes
+    assert policy.draft_stop(batch, [1], [100]) is None
+
+
 def test_the_rate_to_beat_is_what_speculative_steps_reached() -> None:
     batch = requests(1)
     policy = MeasuredPolicy(8, costs=flat())

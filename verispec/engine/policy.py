@@ -337,8 +337,9 @@ class MeasuredPolicy:
         """Rows the plan drafts for (``lengths[b] > 0``) draft up to ``max_k`` and stop where the
         next token no longer pays (:class:`~verispec.engine.confidence.CostStop`) at the rate
         speculative steps of this batch size reach (the plan's rate until there are some); None
-        when the stop is off or no row drafts."""
-        if not self.confidence_stop or not any(lengths):
+        when the stop is off, no row drafts, or the step is a probe of a policy that found
+        speculation not worth it (:meth:`_probing`)."""
+        if not self.confidence_stop or not any(lengths) or self._idle_steps:  # (a probe drafts its one token)
             return None
         n = len(batch)
         ceilings = [min(self.max_k, b) if k > 0 else 0 for k, b in zip(lengths, budgets, strict=True)]
