@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -34,7 +35,9 @@ HUGE_PAGES_ENV = "VERISPEC_HUGE_PAGES"  # "1": move the packed weights to huge p
 def huge_page_buffer(nbytes: int) -> Tensor:
     """A zeroed uint8 ``[nbytes]`` CPU tensor starting on a huge-page boundary, in an anonymous
     mapping advised for transparent huge pages (where the OS knows the advice; the tensor keeps
-    the mapping alive)."""
+    the mapping alive); torch's allocation where anonymous mappings cannot be asked for."""
+    if not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows)
+        return torch.zeros(nbytes, dtype=torch.uint8)
     area = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is not None:
@@ -73,7 +76,7 @@ def move_to_huge_pages(model: torch.nn.Module) -> int:
     moved (0 otherwise: the weights stay where they were loaded)."""
     from verispec.kernels.linear import Bf16Linear, Int8Linear, Q4KLinear
 
-    if os.environ.get(HUGE_PAGES_ENV) != "1":
+    if os.environ.get(HUGE_PAGES_ENV) != "1" or not sys.platform.startswith("linux"):  # (Linux's pages)
         return 0
 
     slots = [
