@@ -4,7 +4,8 @@
 towards a fixed 0.6 (re-implemented here as the reference); "new": each position shrunk towards
 the acceptance pooled over all positions (:class:`verispec.engine.policy.MeasuredPolicy`), K as
 chosen; "stop": the same, a draft then running to 8 tokens and ending where its confidence says
-the next token does not pay (:mod:`verispec.engine.confidence`; today's default); "warm": today's
+the next token does not pay (:mod:`verispec.engine.confidence`; today's default); "stop12": the
+same with a ceiling of 12 tokens instead of ``max_draft_tokens`` (8); "warm": today's
 policy kept from one generation to the next (as a server's is: it starts each request knowing what
 the draft did before); "k2", "k3", "k4": a fixed draft length. "old" and "new" draft K exactly. One process,
 the default pair at the machine's defaults, a fresh policy per generation otherwise (a cold start,
@@ -53,7 +54,7 @@ def previous_position_acceptance(self: MeasuredPolicy, request_id: str | None = 
     return out
 
 
-VARIANTS = ("old", "new", "stop", "warm", "k2", "k3", "k4")
+VARIANTS = ("old", "new", "stop", "stop12", "warm", "k2", "k3", "k4")
 
 
 def main() -> None:
@@ -95,6 +96,10 @@ def main() -> None:
                 if name == "warm":
                     MeasuredPolicy.acceptance = current  # type: ignore[method-assign]
                     spec.engine.policy = warm
+                    engine = spec.engine
+                elif name == "stop12":
+                    MeasuredPolicy.acceptance = current  # type: ignore[method-assign]
+                    spec.engine.policy = MeasuredPolicy(12, costs=costs)
                     engine = spec.engine
                 elif name in ("old", "new", "stop"):
                     MeasuredPolicy.acceptance = previous_position_acceptance if name == "old" else current  # type: ignore[method-assign]
