@@ -34,7 +34,7 @@ import bisect
 from collections.abc import Sequence
 
 #: Upper edges of the confidence bins (the last bin runs to 1): fine near 1, where most of a good
-#: draft's tokens fall (HumanEval, the default pair: 85% of greedy draft tokens above 0.95).
+#: draft's tokens fall.
 BIN_EDGES = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995)
 _MIDPOINTS = tuple((lo + hi) / 2 for lo, hi in zip((0.0, *BIN_EDGES), (*BIN_EDGES, 1.0), strict=True))
 
@@ -101,7 +101,7 @@ class CostStop:
         self.confidences: list[list[float]] = [[] for _ in self.lengths]
         self._reach = [1.0] * len(self.lengths)
         self._pooled = {g: table.pooled(g) for g in (False, True)}
-        #: rows whose draft the stop ended before its ceiling (for the report)
+        #: rows whose draft the stop ended before its ceiling (not the ceiling itself)
         self.stopped = [False] * len(self.lengths)
 
     def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
