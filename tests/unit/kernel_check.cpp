@@ -98,7 +98,7 @@ void projections() {
   for (auto& v : codes) v = static_cast<int8_t>(next_u32());
   std::vector<float> wscale(nb * kRows, 0.0f);
   for (int64_t i = 0; i < n; ++i) wscale[i] = uniform() / 64.0f;
-  std::vector<uint8_t> int8(nb * kRows * k), q4k(nb * (k / kQ4KSuper) * kQ4KRecord);
+  std::vector<uint8_t> int8(nb * kRows * k), q4k(nb * q4k_row_block_bytes(k));
   w8a8_pack(codes.data(), n, k, int8.data(), 0, nb);
   report("pack int8", int8);
   const std::vector<uint8_t> blocks = q4k_blocks(n, k);
@@ -172,6 +172,39 @@ void projections() {
 }
 
 // The quantisation's edge cases: NaN, infinities, huge, tiny and denormal values in a block.
+// A Q4_K matrix of 640 packed inputs: two whole records and a half one per row block (the blocks
+// cover 768, their last 128 inputs zero: sub-blocks 4-7 of the last super-block scale 0 and min 0).
+void q4k_half_record() {
+  const int64_t n = 40, k = 640, kb = 768, nb = (n + kRows - 1) / kRows;
+  std::vector<uint8_t> blocks = q4k_blocks(n, kb);
+  for (int64_t r = 0; r < n; ++r) {
+    uint8_t* q = &blocks[(r * (kb / kQ4KSuper) + kb / kQ4KSuper - 1) * kQ4KBlock + 4];
+    for (int j = 0; j < 8; ++j) q[j] &= 0x3F;
+    for (int j = 8; j < 12; ++j) q[j] = 0;
+  }
+  std::vector<uint8_t> q4k(nb * q4k_row_block_bytes(k));
+  q4k_pack(blocks.data(), n, k, q4k.data(), 0, nb);
+  report("pack q4k half", q4k);
+  std::vector<float> deq(nb * kRows * k);
+  q4k_dequantize(q4k.data(), k, deq.data(), 0, nb);
+  report("dequantize q4k half", deq);
+  char name[64];
+  for (int64_t m : {1, 3, 8, 9}) {
+    Quantized z;
+    quantize(activations(m, k), m, k, true, z);
+    std::vector<float> y(m * n);
+    W8A8Args a = z.a;
+    a.bias = nullptr;
+    a.y = y.data();
+    a.N = n;
+    a.out_bf16 = false;
+    a.w = q4k.data();
+    q4k_linear_vec(a, 0, nb);
+    std::snprintf(name, sizeof name, "q4k half m=%" PRId64, m);
+    report(name, y);
+  }
+}
+
 void quantize_edges() {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const int64_t k = 96;
@@ -274,6 +307,7 @@ int main() {
   std::puts("branch portable");
 #endif
   projections();
+  q4k_half_record();
   quantize_edges();
   layer_ops();
   attention(4, 64, "attention");

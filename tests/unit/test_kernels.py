@@ -74,6 +74,29 @@ def test_q4k_computes_the_w8a8_arithmetic_on_the_exact_weights(m: int, dtype: to
     assert torch.equal(y[m // 2], torch.zeros(n, dtype=dtype) if b is None else b.to(dtype))
 
 
+@pytest.mark.parametrize("m", W8A8_ROWS)
+def test_q4k_half_record_is_the_arithmetic_of_the_padded_rows(m: int) -> None:
+    """K = 256 s + 128 (a projection requantised from 896 inputs): the last super-block is a half
+    record, and the result is the reference's on the weights and activations padded with zeros."""
+    from verispec.kernels import Q4KLinear, load
+
+    n, k = 40, 640
+    kp = 768
+    blocks = q4k_blocks(n, kp, seed=m).reshape(n, kp // 256, 144)
+    blocks[:, -1, 4 + 8 : 4 + 12] = 0  # the last super-block's sub-blocks 4-7: scale and min 0 ...
+    blocks[:, -1, 4 : 4 + 8] &= 0x3F  # ... (their top bits live in the first eight bytes)
+    blocks = blocks.reshape(n, -1)
+    gen = torch.Generator().manual_seed(m)
+    b = torch.randn(n, generator=gen)
+    lin = Q4KLinear(load().q4k_pack(torch.from_numpy(blocks), n, k), n, k, b)
+    assert lin.q4k.numel() == 3 * (2 * 2304 + 1280)
+    assert torch.equal(lin.dequantize(), exact_weights(blocks, n, kp)[:, :k])
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    ref = q4k_reference(torch.nn.functional.pad(x, (0, kp - k)), blocks, n, kp, b)
+    assert torch.equal(lin(x), ref)
+    assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(m)]), ref)
+
+
 @pytest.mark.parametrize("m", (1, 5, 40))
 def test_q4k_error_is_the_activation_rounding(m: int) -> None:
     """Against ``x @ W_exact.T`` (gguf-py's weights) the error is at most half an activation step

@@ -54,8 +54,8 @@ def test_a_padded_projection_computes_the_kernels_arithmetic_on_padded_rows(n: i
     w = torch.randn(n, k, generator=gen) * 0.1
     bias = torch.randn(n, generator=gen)
     lin = Q4KLinear.from_weight(w, bias)
-    kp = padded_size(k)
-    assert (lin.in_features, lin.packed_in_features) == (k, kp)
+    kp = padded_size(k)  # the fit's 256s; stored: 128s (a last half super-block in a half record)
+    assert (lin.in_features, lin.packed_in_features) == (k, -(-k // 128) * 128)
     blocks = quantize_q4k(w.numpy())
     assert torch.equal(lin.dequantize(), torch.from_numpy(ggml_weights(blocks, n, k).copy()))
     x = (torch.randn(7, k, generator=gen) * 2).to(torch.bfloat16)
@@ -67,3 +67,37 @@ def test_a_padded_projection_computes_the_kernels_arithmetic_on_padded_rows(n: i
         fused = fuse_linears([Q4KLinear.from_weight(w[:16]), Q4KLinear.from_weight(w[16:])])
         assert fused is not None and torch.equal(fused(x), Q4KLinear.from_weight(w)(x))
     assert quantize_q4k(np.zeros((0, k), dtype=np.float32)).shape == (0, kp // 256 * 144)
+
+
+@pytest.mark.parametrize("k", [128, 896, 1152])
+def test_a_half_record_computes_what_the_whole_padded_record_does(k: int) -> None:
+    """K = 256 s + 128: the zero half of the last super-block is not stored, and nothing changes."""
+    require_kernels()
+    from verispec.kernels import Q4KLinear
+    from verispec.kernels.build import load
+
+    gen = torch.Generator().manual_seed(k)
+    n, kp = 33, padded_size(k)
+    w = torch.randn(n, k, generator=gen) * 0.1
+    blocks = torch.from_numpy(quantize_q4k(w.numpy()))
+    half = Q4KLinear.from_weight(w)
+    whole = Q4KLinear(load().q4k_pack(blocks, n, kp), n, kp)
+    assert half.packed_in_features == k and half.q4k.numel() < whole.q4k.numel()
+    assert torch.equal(half.dequantize(), whole.dequantize()[:, :k])
+    for m in (1, 3, 8, 17):  # one row, a chunk and its rest, more than a chunk
+        x = (torch.randn(m, k, generator=gen) * 2).to(torch.bfloat16)
+        assert torch.equal(half(x), whole(torch.nn.functional.pad(x, (0, kp - k))))
+    with pytest.raises(RuntimeError, match="AMX tiles take whole Q4_K records"):
+        load().q4k_linear(x, half.q4k, n, k, None, 2)
+
+
+def test_packing_refuses_a_half_record_whose_dropped_half_is_not_zero() -> None:
+    require_kernels()
+    from verispec.kernels.build import load
+
+    w = torch.randn(16, 1024) * 0.1  # weights past input 896
+    blocks = torch.from_numpy(quantize_q4k(w.numpy()))
+    with pytest.raises(RuntimeError, match="nonzero weights past input 896: pack them with K = 1024"):
+        load().q4k_pack(blocks, 16, 896)
+    with pytest.raises(RuntimeError, match="multiple of 128"):
+        load().q4k_pack(blocks, 16, 960)

@@ -37,13 +37,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from verispec.formats.requantize import padded_size
 from verispec.kernels.build import load
 
 ROWS = 16  # weight rows per packed block: packed tensors cover N rounded up to a multiple of 16
 Q4K_SUPER = 256  # inputs per Q4_K super-block
 Q4K_BLOCK_BYTES = 144  # bytes of one GGUF Q4_K block
 Q4K_RECORD_BYTES = 2304  # bytes of one packed record (16 rows x one super-block)
+Q4K_HALF = 128  # packed Q4_K rows are whole 128s of inputs: a last half super-block has a half record
+Q4K_HALF_RECORD_BYTES = 1280  # its bytes (the header and two of the four 64-input quarters)
 INT8_ALIGN = 32  # int8 rows need a multiple of this many inputs
 BF16_ALIGN = 32  # bf16 kernel rows need a multiple of this many inputs (one AMX step; every tier keeps it)
 
@@ -52,10 +53,20 @@ def _row_blocks(n: int) -> int:
     return -(-n // ROWS)
 
 
+def q4k_packed_in_features(in_features: int) -> int:
+    """The inputs a packed Q4_K matrix of ``in_features`` holds: padded with zero weights to a
+    multiple of 128 (a whole super-block of 256, or one and a half record: a ``[N, 896]`` matrix is
+    stored as 896 inputs, not the 1024 its requantised blocks cover)."""
+    return -(-in_features // Q4K_HALF) * Q4K_HALF
+
+
 def q4k_packed_numel(out_features: int, in_features: int) -> int:
-    """Bytes of the packed form of a ``[out_features, in_features]`` Q4_K matrix (inputs padded to a
-    whole number of super-blocks)."""
-    return _row_blocks(out_features) * (padded_size(in_features) // Q4K_SUPER) * Q4K_RECORD_BYTES
+    """Bytes of the packed form of a ``[out_features, in_features]`` Q4_K matrix: per 16-row block,
+    a record per whole super-block and a half record for a last 128 inputs
+    (:func:`q4k_packed_in_features`)."""
+    k = q4k_packed_in_features(in_features)
+    per_block = (k // Q4K_SUPER) * Q4K_RECORD_BYTES + (Q4K_HALF_RECORD_BYTES if k % Q4K_SUPER else 0)
+    return _row_blocks(out_features) * per_block
 
 
 def _flat(x: Tensor) -> Tensor:  # [..., K] -> [M, K]
@@ -85,9 +96,10 @@ class Q4KLinear(nn.Module):
 
     ``q4k``: the packed records (uint8, :func:`q4k_packed_numel` bytes), as :meth:`from_blocks`
     (a GGUF's blocks, ``K`` a multiple of 256) or :meth:`from_weight` (float weights requantised)
-    makes them. ``K`` must be a multiple of 32; when it is not one of 256 (the format's
-    super-block) the weights are padded with zeros to ``packed_in_features``, the next multiple,
-    and so are the activations in :meth:`forward` (adding nothing). ``N`` is any size.
+    makes them. ``K`` must be a multiple of 32; when it is not one of 128 the weights are padded
+    with zeros to ``packed_in_features``, the next multiple, and so are the activations in
+    :meth:`forward` (adding nothing); a last 128 inputs are half a super-block, whose zero half is
+    not stored (:func:`q4k_packed_in_features`). ``N`` is any size.
     """
 
     kind: ClassVar[str] = "q4k"
@@ -102,7 +114,7 @@ class Q4KLinear(nn.Module):
         if q4k.dtype != torch.uint8 or q4k.numel() != expected:
             raise ValueError(f"packed Q4_K must be {expected} uint8 bytes, got {q4k.numel()} {q4k.dtype}")
         self.out_features, self.in_features = out_features, in_features
-        self.packed_in_features = padded_size(in_features)
+        self.packed_in_features = q4k_packed_in_features(in_features)
         self.register_buffer("q4k", q4k.reshape(-1))
         self.register_buffer("bias", _check_bias(bias, out_features))
 
@@ -120,12 +132,13 @@ class Q4KLinear(nn.Module):
     @classmethod
     def from_weight(cls, weight: Tensor, bias: Tensor | None = None) -> Q4KLinear:
         """From float weights ``[N, K]``, requantised to Q4_K (:mod:`verispec.formats.requantize`:
-        a second rounding, for drafts) with ``K`` padded to a multiple of 256."""
+        a second rounding, for drafts), fitted on ``K`` padded to a multiple of 256 and stored
+        padded to one of 128 (:func:`q4k_packed_in_features`)."""
         from verispec.formats.requantize import quantize_q4k
 
         n, k = weight.shape
         blocks = torch.from_numpy(quantize_q4k(weight.detach().to(torch.float32).cpu().numpy()))
-        packed = load().q4k_pack(blocks, n, padded_size(k))
+        packed = load().q4k_pack(blocks, n, q4k_packed_in_features(k))
         return cls(packed, n, k, bias)
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] bf16/fp32 -> [..., N] same dtype

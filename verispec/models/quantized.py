@@ -21,7 +21,8 @@ precision  stored as Q4_K                              stored otherwise (Q6_K, Q
 
 "int4-all" is for drafts: a draft's precision moves only its acceptance, never the output's law,
 and the 0.5B draft of the default pair, stored mostly as Q5_0 / Q8_0, streams about 40% fewer
-bytes per token in it than in "int4" (its 896-input rows padded to 1024).
+bytes per token in it than in "int4" (its 896-input rows padded to 1024 for the fit, stored as
+896: :func:`verispec.kernels.linear.q4k_packed_in_features`).
 
 A projection whose input size is not a multiple of 32 (no GGUF K-quant or 32-block type has one)
 stays ``dense`` bf16. Q4_K_M files keep Q6_K for the LM head and half of the ``ffn_down`` /
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("int4", "int4-all", "int8")
 #: Version of the packed layouts (bump when csrc's layouts change: caches then rebuild).
-PACK_FORMAT = "verispec.packed/3"  # 3: the integer-kernel layouts (csrc/vec/pack.cpp)
+PACK_FORMAT = "verispec.packed/4"  # 4: Q4_K half records (csrc/common.h); 3: the integer-kernel layouts
 INT8_ALIGN = 32
 
 

@@ -132,18 +132,28 @@ W8A8Args quantized_args(const at::Tensor& x, at::Tensor& y, int64_t n, int64_t k
 
 // ------------------------------------------------------------------------------------ Q4_K
 
+void check_q4k_inputs(int64_t k) {
+  TORCH_CHECK(k > 0 && k % kQ4KHalf == 0, "packed Q4_K rows must have a multiple of 128 inputs, got ", k);
+}
+
+// blocks: [N, ceil(k / 256) * 144]; k, the packed inputs, a multiple of 128 (when it is not one of
+// 256, the blocks' last super-block must hold zero weights past k: its half is not stored).
 at::Tensor q4k_pack_blocks(const at::Tensor& blocks, int64_t n, int64_t k) {
-  TORCH_CHECK(k % kQ4KSuper == 0, "Q4_K rows must have a multiple of 256 inputs, got ", k);
-  check_weights(blocks, at::kByte, n * (k / kQ4KSuper) * kQ4KBlock, "Q4_K blocks");
-  at::Tensor packed = at::empty({row_blocks(n) * (k / kQ4KSuper) * kQ4KRecord}, blocks.options());
+  check_q4k_inputs(k);
+  const int64_t nsb = (k + kQ4KSuper - 1) / kQ4KSuper;
+  check_weights(blocks, at::kByte, n * nsb * kQ4KBlock, "Q4_K blocks");
   const uint8_t* src = blocks.data_ptr<uint8_t>();
+  TORCH_CHECK(q4k_tail_is_zero(src, n, k), "Q4_K blocks hold nonzero weights past input ", k,
+              ": pack them with K = ", nsb * kQ4KSuper);
+  at::Tensor packed = at::empty({row_blocks(n) * q4k_row_block_bytes(k)}, blocks.options());
   uint8_t* dst = packed.data_ptr<uint8_t>();
   at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) { q4k_pack(src, n, k, dst, b, e); });
   return packed;
 }
 
 at::Tensor q4k_dequantize_packed(const at::Tensor& packed, int64_t n, int64_t k) {
-  check_weights(packed, at::kByte, row_blocks(n) * (k / kQ4KSuper) * kQ4KRecord, "packed Q4_K");
+  check_q4k_inputs(k);
+  check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
   at::Tensor w = at::empty({row_blocks(n) * kRows, k}, packed.options().dtype(at::kFloat));
   const uint8_t* src = packed.data_ptr<uint8_t>();
   float* dst = w.data_ptr<float>();
@@ -151,16 +161,20 @@ at::Tensor q4k_dequantize_packed(const at::Tensor& packed, int64_t n, int64_t k)
   return w.narrow(0, 0, n).contiguous();
 }
 
-// x [M, K] with K = k, or narrower by less than one super-block when the weights were padded with
-// zeros to a whole one (a requantised projection): x is quantised as if padded with zeros alike
-// (without a padded copy), which adds nothing.
+// x [M, K] with K = k, or narrower by less than 256 when the weights were padded with zeros (a
+// requantised projection): x is quantised as if padded with zeros alike (without a padded copy),
+// which adds nothing. A matrix ending in a half record runs on the vector kernels on every tier
+// (the AMX tiles take whole records; the sums are the same bits either way).
 at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                       const c10::optional<at::Tensor>& bias, int64_t engine) {
-  TORCH_CHECK(k % kQ4KSuper == 0, "Q4_K rows must have a multiple of 256 inputs, got ", k);
+  check_q4k_inputs(k);
   TORCH_CHECK(x.dim() == 2 && x.size(1) <= k && x.size(1) > k - kQ4KSuper && x.size(1) % 32 == 0 && x.size(0) >= 1,
               "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x.sizes());
-  check_weights(packed, at::kByte, row_blocks(n) * (k / kQ4KSuper) * kQ4KRecord, "packed Q4_K");
-  const bool amx = tiles_for(x.size(0), engine, kQ4KVectorRows);
+  check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
+  const bool half = k % kQ4KSuper != 0;
+  TORCH_CHECK(!(half && engine == kEngineAmx), "the AMX tiles take whole Q4_K records; ", k,
+              " inputs end in a half one (use the vector kernels)");
+  const bool amx = !half && tiles_for(x.size(0), engine, kQ4KVectorRows);
   at::Tensor y = at::empty({x.size(0), n}, x.options());
   Quantized keep;
   W8A8Args a = quantized_args(x, y, n, k, bias, true, !amx, keep);
@@ -514,7 +528,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "verispec CPU kernels, tier " VS_STRING(VS_TIER) "; see verispec/kernels/csrc/";
   m.def("tier", [] { return std::string(VS_STRING(VS_TIER)); }, "the instruction-set tier this module was built for");
   m.def("amx_available", &verispec::amx_permitted, "whether this process may use AMX tiles (amx tier only)");
-  m.def("q4k_pack", &verispec::q4k_pack_blocks, "GGUF Q4_K blocks [N, K/256*144] uint8 -> packed records");
+  m.def("q4k_pack", &verispec::q4k_pack_blocks, "GGUF Q4_K blocks [N, ceil(K/256)*144] uint8 -> packed records (K a multiple of 128)");
   m.def("q4k_dequantize", &verispec::q4k_dequantize_packed, "packed Q4_K -> the exact fp32 weights [N, K]");
   m.def("q4k_linear", &verispec::q4k_matmul,
         "x [M, K] quantised to int8 per 64 inputs, times dequantise(packed Q4_K).T, + bias -> [M, N], x's dtype; "

@@ -124,7 +124,23 @@ constexpr int kQ4KSuper = 256;    // inputs per super-block
 constexpr int kQ4KBlock = 144;    // bytes of one GGUF block_q4_K
 constexpr int kQ4KRecord = 2304;  // bytes of one packed record: 16 rows x one super-block
 constexpr int kQ4KHeader = 256;   // bytes of a record before the codes
+// A row block whose packed K is 256 s + 128 (a requantised projection padded to whole 128s, e.g.
+// 896 inputs) ends with a half record: the header and the codes of sub-blocks 0-3 (quarters 0, 1);
+// the zero half of its padded super-block is not stored (nor read: 11% of a [N x 896] matrix).
+constexpr int kQ4KHalf = 128;                      // inputs of a half record
+constexpr int kQ4KHalfRecord = kQ4KHeader + 1024;  // its bytes
+// Bytes of one row block's records for k packed inputs (a multiple of 128).
+inline int64_t q4k_row_block_bytes(int64_t k) {
+  return (k / kQ4KSuper) * kQ4KRecord + (k % kQ4KSuper ? kQ4KHalfRecord : 0);
+}
+// The quarters (64-input blocks) of record sb of a row block of k packed inputs: 4, or 2 for a half record.
+inline int q4k_quarters(int64_t k, int64_t sb) { return (sb + 1) * kQ4KSuper <= k ? 4 : 2; }
+// blocks: GGUF blocks covering ceil(k / 256) super-blocks per row (k packed inputs, a multiple of 128)
 void q4k_pack(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* packed, int64_t begin, int64_t end);
+// Whether rows [0, n) of those blocks hold zero weights past k (sub-blocks 4-7 of the last
+// super-block when k % 256 = 128: scale and min 0, so ds = dm = 0 whatever the codes), as a half
+// record needs; true when k is a multiple of 256.
+bool q4k_tail_is_zero(const uint8_t* blocks, int64_t n, int64_t k);
 void q4k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, int64_t end);
 void q4k_linear_vec(const W8A8Args& a, int64_t begin, int64_t end);
 void q4k_linear_amx(const W8A8Args& a, int64_t begin, int64_t end);

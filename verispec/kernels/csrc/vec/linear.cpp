@@ -109,13 +109,41 @@ void int8_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
 
 // ------------------------------------------------------------------------------------ Q4_K
 
-constexpr int kPrefetchQuarter = kQ4KRecord / 4;  // 576 bytes: 9 lines
-static_assert(kPrefetchQuarter % 64 == 0, "a quarter record is whole lines");
+// The bytes of the weight stream each quarter of a record covers (its prefetch span below): 576 (9
+// lines) in a whole record, 640 (10) in a half one (the header's share is larger there).
+template <int Q>
+constexpr int kQuarterSpan = (Q == 4 ? kQ4KRecord : kQ4KHalfRecord) / Q;
+static_assert(kQuarterSpan<4> % 64 == 0 && kQuarterSpan<2> % 64 == 0, "a quarter's span is whole lines");
+
+// t[m] + the terms of record rec's Q quarters (4, or 2 in a half record: common.h) for the chunk's
+// R rows; b0: the record's first 64-input block. (Q a constant, so that the whole-record body
+// compiles as it did before half records.)
+template <int R, int Q>
+inline __attribute__((always_inline)) void q4k_record(const uint8_t* rec, int64_t b0, const int32_t* xw,
+                                                      const float* xs, const float* mins, SubScales& s, F16* t) {
+  decode_scales(rec, s);
+#pragma GCC unroll 4
+  for (int i = 0; i < Q; ++i) {
+    // The stream two whole records ahead, a quarter's span (9 lines) before each quarter of this
+    // record (dots.h's kPrefetchLocality): all 36 lines at once at the record's start held the
+    // load pipe while they missed, which cost the many-row calls their multiplies (Zen 4, [8960 x
+    // 1536], 2 threads: 8 rows 0.66 -> 0.41 ms, 4 rows 0.36 -> 0.27 ms, one row the same;
+    // benchmarks/kernel_stream.py). Prefetches never fault: past the row block they fetch the
+    // next one, which comes next anyway.
+    for (int line = i * kQuarterSpan<Q>; line < (i + 1) * kQuarterSpan<Q>; line += 64)
+      __builtin_prefetch(rec + 2 * kQ4KRecord + line, 0, kPrefetchLocality);
+    const int64_t b = b0 + i;
+    I16 s0[R], s1[R];
+    q4k_pair<R>(rec + kQ4KHeader + 512 * i, xw + 16 * b * R, s0, s1);
+    for (int m = 0; m < R; ++m)
+      t[m] = q4k_add_pair(s, i, xs[b * R + m], mins[2 * b * R + m], mins[(2 * b + 1) * R + m], s0[m], s1[m], t[m]);
+  }
+}
 
 template <int R>
 void q4k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
-  const int64_t nsb = a.K / kQ4KSuper, nblk = a.K / 64, halves = a.K / 32;
-  const uint8_t* rec = a.w + nb * nsb * kQ4KRecord;
+  const int64_t whole = a.K / kQ4KSuper, nblk = a.K / 64, halves = a.K / 32;
+  const uint8_t* rec = a.w + nb * q4k_row_block_bytes(a.K);
   // this chunk's rows, interleaved (common.h): word g of row m at xw[g * R + m], and so on
   const int32_t* xw = a.xq_rows + row0 * (a.K / 4);
   const float* xs = a.xscale_rows + row0 * nblk;
@@ -123,24 +151,8 @@ void q4k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
   F16 t[R];
   for (int m = 0; m < R; ++m) t[m] = zero();
   SubScales s;
-  for (int64_t sb = 0; sb < nsb; ++sb, rec += kQ4KRecord) {
-    decode_scales(rec, s);
-    for (int i = 0; i < 4; ++i) {
-      // The record two ahead, a quarter (9 lines) before each quarter of this one (dots.h's
-      // kPrefetchLocality): all 36 lines at once at the record's start held the load pipe while
-      // they missed, which cost the many-row calls their multiplies (Zen 4, [8960 x 1536], 2
-      // threads: 8 rows 0.66 -> 0.41 ms, 4 rows 0.36 -> 0.27 ms, one row the same;
-      // benchmarks/kernel_stream.py). Prefetches never fault: past the row block they fetch the
-      // next one, which comes next anyway.
-      for (int line = i * kPrefetchQuarter; line < (i + 1) * kPrefetchQuarter; line += 64)
-        __builtin_prefetch(rec + 2 * kQ4KRecord + line, 0, kPrefetchLocality);
-      const int64_t b = 4 * sb + i;
-      I16 s0[R], s1[R];
-      q4k_pair<R>(rec + kQ4KHeader + 512 * i, xw + 16 * b * R, s0, s1);
-      for (int m = 0; m < R; ++m)
-        t[m] = q4k_add_pair(s, i, xs[b * R + m], mins[2 * b * R + m], mins[(2 * b + 1) * R + m], s0[m], s1[m], t[m]);
-    }
-  }
+  for (int64_t sb = 0; sb < whole; ++sb, rec += kQ4KRecord) q4k_record<R, 4>(rec, 4 * sb, xw, xs, mins, s, t);
+  if (a.K % kQ4KSuper) q4k_record<R, 2>(rec, 4 * whole, xw, xs, mins, s, t);  // the last 128 inputs: a half record
   const int64_t n0 = nb * kRows;
   const int nv = valid_columns(a.N, nb);
   for (int m = 0; m < R; ++m) store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, t[m]), nv);

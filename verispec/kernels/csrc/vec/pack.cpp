@@ -21,13 +21,15 @@ void w8a8_pack(const int8_t* q, int64_t n, int64_t k, uint8_t* packed, int64_t b
     }
 }
 
-// GGUF blocks [n, k/256 * 144] -> records of row blocks [begin, end).
+// GGUF blocks [n, ceil(k / 256) * 144] -> records of row blocks [begin, end) (a half record last
+// when k % 256 = 128: common.h).
 void q4k_pack(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* packed, int64_t begin, int64_t end) {
-  const int64_t nsb = k / kQ4KSuper;
+  const int64_t nsb = (k + kQ4KSuper - 1) / kQ4KSuper;
   for (int64_t nb = begin; nb < end; ++nb)
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      uint8_t* rec = packed + (nb * nsb + sb) * kQ4KRecord;
-      std::memset(rec, 0, kQ4KRecord);
+      const int quarters = q4k_quarters(k, sb);
+      uint8_t* rec = packed + nb * q4k_row_block_bytes(k) + sb * kQ4KRecord;
+      std::memset(rec, 0, kQ4KHeader + 512 * quarters);
       for (int r = 0; r < kRows; ++r) {
         const int64_t row = nb * kRows + r;
         if (row >= n) break;  // padding rows stay zero
@@ -36,23 +38,36 @@ void q4k_pack(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* packed, int6
         std::memcpy(rec + 32 + 2 * r, blk + 2, 2);  // dmin
         for (int word = 0; word < 3; ++word) std::memcpy(rec + 64 + 64 * word + 4 * r, blk + 4 + 4 * word, 4);
         const uint8_t* qs = blk + 16;
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < quarters; ++i)
           for (int g = 0; g < 8; ++g)
             std::memcpy(rec + kQ4KHeader + 512 * i + 64 * g + 4 * r, qs + 32 * i + 4 * g, 4);
       }
     }
 }
 
+bool q4k_tail_is_zero(const uint8_t* blocks, int64_t n, int64_t k) {
+  if (k % kQ4KSuper == 0) return true;
+  const int64_t nsb = (k + kQ4KSuper - 1) / kQ4KSuper;
+  for (int64_t row = 0; row < n; ++row) {
+    const uint8_t* q = blocks + (row * nsb + nsb - 1) * kQ4KBlock + 4;  // the 12 bytes of 6-bit scales and mins
+    for (int j = 4; j < 8; ++j) {  // get_scale_min_k4 (ggml-quants.c) for sub-blocks 4-7
+      const int scale = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+      if (scale != 0 || min != 0) return false;
+    }
+  }
+  return true;
+}
+
 // The fp32 weights rows of blocks [begin, end) stand for, computed as ggml and gguf-py do
 // ((d * scale) * q - dmin * min, fp32).
 void q4k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, int64_t end) {
-  const int64_t nsb = k / kQ4KSuper;
+  const int64_t nsb = (k + kQ4KSuper - 1) / kQ4KSuper;
   vec::SubScales s;
   for (int64_t nb = begin; nb < end; ++nb) {
-    const uint8_t* rec = packed + nb * nsb * kQ4KRecord;
+    const uint8_t* rec = packed + nb * q4k_row_block_bytes(k);
     for (int64_t sb = 0; sb < nsb; ++sb, rec += kQ4KRecord) {
       vec::decode_scales(rec, s);
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < q4k_quarters(k, sb); ++i)
         for (int g = 0; g < 8; ++g)
           for (int b = 0; b < 64; ++b) {
             const int r = b / 4;
