@@ -9,6 +9,9 @@ mean of its per-prompt ratio to plain decoding, and the median share of draft to
 
     python benchmarks/draft_precisions_ab.py --dtype bf16 --drafts bf16,int4-all,int8 --prompts 8 \\
         [--draft-vocab 32768] [--json out.json]
+
+A draft ``P+H`` is the draft in precision P with the LM head it has in precision H (e.g.
+``int4-all+int8``: the int4-all layers, the int8 head).
 """
 
 from __future__ import annotations
@@ -24,15 +27,26 @@ from verispec.bench.prompts import prompt_set
 from verispec.bench.stats import per_unit_ratios
 from verispec.cli.doctor import machine_line
 from verispec.config import SamplingParams
+from verispec.drafters.model import restricted_head
+from verispec.formats.loader import load_model
 from verispec.pipeline import Pipeline, build
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
+def use_head_of(pipe: Pipeline, precision: str) -> None:
+    """Give the draft of ``pipe`` the LM head the draft model has in ``precision`` (its layers stay
+    as they are; the restricted head is cut from the new one)."""
+    drafter: Any = pipe.engine.drafter
+    drafter.model.lm_head = load_model(DRAFT, dtype=precision).model.lm_head
+    if drafter._head_ids is not None:
+        drafter._head_module = restricted_head(drafter.model, drafter._head_ids)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", default="bf16", help="the target's precision")
-    p.add_argument("--drafts", default="bf16,int4-all,int8", help="draft precisions to compare")
+    p.add_argument("--drafts", default="bf16,int4-all,int8", help="draft precisions (P+H: P's layers, H's head)")
     p.add_argument("--draft-vocab", type=int, default=32768, help="draft head size (0: the whole vocabulary)")
     p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts (the first N)")
     p.add_argument("--tokens", type=int, default=128)
@@ -41,8 +55,11 @@ def main() -> None:
     head = args.draft_vocab or None
     engines: dict[str, Pipeline] = {"plain": build(TARGET, None, drafter="none", dtype=args.dtype, max_batch=1)}
     for draft in args.drafts.split(","):
-        engines[f"{draft} draft"] = build(TARGET, DRAFT, dtype=args.dtype, draft_dtype=draft, draft_head=head,
+        precision, _, head_precision = draft.partition("+")
+        engines[f"{draft} draft"] = build(TARGET, DRAFT, dtype=args.dtype, draft_dtype=precision, draft_head=head,
                                           max_batch=1)  # fmt: skip
+        if head_precision:
+            use_head_of(engines[f"{draft} draft"], head_precision)
     names = list(engines)
     tok_s: dict[str, list[float]] = {n: [] for n in names}
     accepted: dict[str, list[float]] = {n: [] for n in names[1:]}

@@ -101,3 +101,23 @@ def test_packing_refuses_a_half_record_whose_dropped_half_is_not_zero() -> None:
         load().q4k_pack(blocks, 16, 896)
     with pytest.raises(RuntimeError, match="multiple of 128"):
         load().q4k_pack(blocks, 16, 960)
+
+
+@pytest.mark.parametrize(("n", "k"), [(100, 896), (70, 768)])
+def test_rows_of_a_q4k_head_are_cut_bit_for_bit(n: int, k: int) -> None:
+    """A restricted draft head cut from a Q4_K head: the chosen rows' blocks, repacked exactly."""
+    require_kernels()
+    from verispec.kernels import Q4KLinear
+    from verispec.kernels.linear import q4k_blocks_of_rows, select_rows
+
+    gen = torch.Generator().manual_seed(n)
+    w = torch.randn(n, k, generator=gen) * 0.1
+    lin = Q4KLinear.from_weight(w, torch.randn(n, generator=gen))
+    ids = torch.tensor([0, 5, 17, 33, 34, 15, n - 1])
+    cut = select_rows(lin, ids)
+    assert isinstance(cut, Q4KLinear) and (cut.out_features, cut.in_features) == (7, k)
+    blocks = quantize_q4k(w.numpy())[ids.numpy()]
+    assert torch.equal(q4k_blocks_of_rows(lin, ids)[:, : blocks.shape[1]], torch.from_numpy(blocks))
+    assert torch.equal(cut.dequantize(), lin.dequantize()[ids])
+    x = torch.randn(5, k, generator=gen).to(torch.bfloat16)
+    assert torch.equal(cut(x), lin(x)[:, ids])

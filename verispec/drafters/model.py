@@ -314,10 +314,10 @@ class ModelDrafter:
 
 
 def restricted_head(model: LanguageModel, ids: Tensor) -> torch.nn.Module:
-    """``model``'s LM head scoring only ``ids`` (``[H]`` int64): a head on verispec's kernels (bf16
-    or int8) sliced as it is, computing exactly the full head's scores for its ids at the kernel's
-    speed; otherwise its weight rows in the model's dtype (:class:`ConfigError` when the model does
-    not expose them)."""
+    """``model``'s LM head scoring only ``ids`` (``[H]`` int64): a head on verispec's kernels (bf16,
+    int8 or Q4_K) sliced as it is, computing exactly the full head's scores for its ids at the
+    kernel's speed; otherwise its weight rows in the model's dtype (:class:`ConfigError` when the
+    model does not expose them)."""
     head = model.lm_head
     if head is not None and model.cpu_kernels:
         from verispec.kernels.linear import select_rows

@@ -392,10 +392,40 @@ def _buffer(module: nn.Module, name: str) -> Tensor:
     return value
 
 
+def _q4k_block_offsets(k: int) -> Tensor:
+    """``[16, S, 144]`` int64: where byte j of the GGUF block of row r (of a 16-row block), super-block
+    s, lies in that row block's packed records (``csrc/vec/pack.cpp``'s ``q4k_pack`` read
+    backwards), for ``k`` packed inputs; -1 for the codes a half record leaves out."""
+    supers = -(-k // Q4K_SUPER)
+    out = torch.full((ROWS, supers, Q4K_BLOCK_BYTES), -1, dtype=torch.int64)
+    for r in range(ROWS):
+        head = [2 * r, 2 * r + 1, 32 + 2 * r, 33 + 2 * r]  # d, dmin (fp16 each)
+        head += [64 + 64 * word + 4 * r + b for word in range(3) for b in range(4)]  # 12 bytes of scales, mins
+        for sb in range(supers):
+            base = sb * Q4K_RECORD_BYTES
+            quarters = 4 if (sb + 1) * Q4K_SUPER <= k else 2
+            codes = [256 + 512 * i + 64 * g + 4 * r + b for i in range(quarters) for g in range(8) for b in range(4)]
+            out[r, sb, : 16 + len(codes)] = torch.tensor([base + o for o in head + codes])
+    return out
+
+
+def q4k_blocks_of_rows(linear: Q4KLinear, ids: Tensor) -> Tensor:
+    """The GGUF Q4_K blocks ``[H, S * 144]`` uint8 of ``linear``'s rows ``ids`` (``[H]`` int64) over
+    its ``packed_in_features`` (S super-blocks; the codes a half record leaves out as zeros),
+    exactly the bytes it was packed from."""
+    k = linear.packed_in_features
+    per_block = q4k_packed_numel(ROWS, k)
+    offsets = _q4k_block_offsets(k)  # [16, S, 144]
+    at = offsets[ids % ROWS] + (ids // ROWS * per_block)[:, None, None]  # [H, S, 144]
+    source = torch.cat([linear.q4k, linear.q4k.new_zeros(1)])  # (index -1 of a left-out code: the zero at the end)
+    at = torch.where(offsets[ids % ROWS] < 0, source.numel() - 1, at)
+    return source[at].reshape(ids.numel(), -1)
+
+
 def select_rows(linear: nn.Module, ids: Tensor) -> nn.Module | None:
     """A projection computing only the outputs ``ids`` (``[H]`` int64) of ``linear``, bit for bit
-    those of the whole one, or None for a kind that cannot be sliced without repacking (Q4_K).
-    Used for a draft LM head restricted to part of the vocabulary."""
+    those of the whole one (every kind's output row depends on its weights alone), or None for a
+    module of another kind. Used for a draft LM head restricted to part of the vocabulary."""
     full_bias = getattr(linear, "bias", None)
     bias = None if full_bias is None else full_bias.index_select(0, ids)
     if isinstance(linear, Bf16Linear):
@@ -403,4 +433,8 @@ def select_rows(linear: nn.Module, ids: Tensor) -> nn.Module | None:
     if isinstance(linear, Int8Linear):
         scale = linear.int8_scale[: linear.out_features].index_select(0, ids)
         return Int8Linear.from_codes(linear.codes().index_select(0, ids), scale, bias)
+    if isinstance(linear, Q4KLinear):
+        h = ids.numel()
+        packed = load().q4k_pack(q4k_blocks_of_rows(linear, ids).contiguous(), h, linear.packed_in_features)
+        return Q4KLinear(packed, h, linear.in_features, bias)
     return None
