@@ -97,6 +97,33 @@ def test_q4k_half_record_is_the_arithmetic_of_the_padded_rows(m: int) -> None:
     assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(m)]), ref)
 
 
+def test_q4k_half_records_on_every_engine() -> None:
+    """The whole-record copy the AMX tiles take (q4k_whole_records) holds the same weights, and
+    every engine gives the vector kernels' bits on a matrix ending in a half record (the tiles, on
+    the amx tier, through that copy; a tier without tiles refuses them as for whole records)."""
+    from verispec.kernels import Q4KLinear
+
+    kernels = require_kernels()
+    gen = torch.Generator().manual_seed(7)
+    n, k = 40, 896
+    half = Q4KLinear.from_weight(torch.randn(n, k, generator=gen) * 0.1, torch.randn(n, generator=gen))
+    whole = kernels.q4k_whole_records(half.q4k, n, k)
+    assert whole.numel() == 3 * 4 * 2304
+    assert torch.equal(kernels.q4k_dequantize(whole, n, k + 128)[:, :k], half.dequantize())
+    with pytest.raises(RuntimeError, match="whole records already"):
+        kernels.q4k_whole_records(whole, n, k + 128)
+    for m in (1, 16, 17, 40):
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        vectors = kernels.q4k_linear(x, half.q4k, n, k, half.bias, 1)
+        assert torch.equal(kernels.q4k_linear(x, half.q4k, n, k, half.bias, 0), vectors)
+        assert torch.equal(kernels.q4k_linear(x, whole, n, k + 128, half.bias, 1), vectors)
+        if kernels.tier() == "amx":
+            assert torch.equal(kernels.q4k_linear(x, half.q4k, n, k, half.bias, 2), vectors)
+        else:
+            with pytest.raises(RuntimeError, match="AMX is not available"):
+                kernels.q4k_linear(x, half.q4k, n, k, half.bias, 2)
+
+
 @pytest.mark.parametrize("m", (1, 5, 40))
 def test_q4k_error_is_the_activation_rounding(m: int) -> None:
     """Against ``x @ W_exact.T`` (gguf-py's weights) the error is at most half an activation step

@@ -161,20 +161,37 @@ at::Tensor q4k_dequantize_packed(const at::Tensor& packed, int64_t n, int64_t k)
   return w.narrow(0, 0, n).contiguous();
 }
 
+// Packed Q4_K weights of k = 256 s + 128 inputs (row blocks ending in a half record) in the
+// whole-record layout of k + 128 inputs: each row block's bytes followed by the 1024 bytes of
+// codes its half record leaves out, as zeros (those sub-blocks' scales and mins are zero: the
+// weights are the same). What the AMX tiles take.
+at::Tensor q4k_whole_records(const at::Tensor& packed, int64_t n, int64_t k) {
+  check_q4k_inputs(k);
+  TORCH_CHECK(k % kQ4KSuper != 0, "Q4_K rows of ", k, " inputs are whole records already");
+  check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
+  const int64_t from = q4k_row_block_bytes(k), to = q4k_row_block_bytes(k + kQ4KHalf);
+  at::Tensor whole = at::zeros({row_blocks(n) * to}, packed.options());
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  uint8_t* dst = whole.data_ptr<uint8_t>();
+  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) {
+    for (; b < e; ++b) std::memcpy(dst + b * to, src + b * from, from);
+  });
+  return whole;
+}
+
 // x [M, K] with K = k, or narrower by less than 256 when the weights were padded with zeros (a
 // requantised projection): x is quantised as if padded with zeros alike (without a padded copy),
-// which adds nothing. A matrix ending in a half record runs on the vector kernels on every tier
-// (the AMX tiles take whole records; the sums are the same bits either way).
+// which adds nothing. Where the AMX tiles run and the rows end in a half record, they run on a
+// whole-record copy made for the call (q4k_whole_records: a copy of the weights against a
+// many-row product; the same bits as the vector kernels on the half records).
 at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                       const c10::optional<at::Tensor>& bias, int64_t engine) {
   check_q4k_inputs(k);
   TORCH_CHECK(x.dim() == 2 && x.size(1) <= k && x.size(1) > k - kQ4KSuper && x.size(1) % 32 == 0 && x.size(0) >= 1,
               "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x.sizes());
   check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
-  const bool half = k % kQ4KSuper != 0;
-  TORCH_CHECK(!(half && engine == kEngineAmx), "the AMX tiles take whole Q4_K records; ", k,
-              " inputs end in a half one (use the vector kernels)");
-  const bool amx = !half && tiles_for(x.size(0), engine, kQ4KVectorRows);
+  const bool amx = tiles_for(x.size(0), engine, kQ4KVectorRows);
+  if (amx && k % kQ4KSuper != 0) return q4k_matmul(x, q4k_whole_records(packed, n, k), n, k + kQ4KHalf, bias, engine);
   at::Tensor y = at::empty({x.size(0), n}, x.options());
   Quantized keep;
   W8A8Args a = quantized_args(x, y, n, k, bias, true, !amx, keep);
@@ -530,6 +547,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", &verispec::amx_permitted, "whether this process may use AMX tiles (amx tier only)");
   m.def("q4k_pack", &verispec::q4k_pack_blocks, "GGUF Q4_K blocks [N, ceil(K/256)*144] uint8 -> packed records (K a multiple of 128)");
   m.def("q4k_dequantize", &verispec::q4k_dequantize_packed, "packed Q4_K -> the exact fp32 weights [N, K]");
+  m.def("q4k_whole_records", &verispec::q4k_whole_records,
+        "packed Q4_K of K = 256 s + 128 inputs -> the same weights as K + 128 inputs in whole records (for AMX tiles)");
   m.def("q4k_linear", &verispec::q4k_matmul,
         "x [M, K] quantised to int8 per 64 inputs, times dequantise(packed Q4_K).T, + bias -> [M, N], x's dtype; "
         "engine 0 = by the number of rows, 1 = vectors, 2 = AMX (amx tier; the same result)",
