@@ -4,10 +4,10 @@ A requantised projection of 896 inputs (the 0.5B draft's q/k/v/o and gate/up) is
 128s: two and a half super-blocks of 256 are stored as three records and a half one (1280 bytes
 instead of 2304 for the last). The layout it replaced stored the zero half too. This benchmark
 loads the model once per layout ("half": as verispec packs it; "whole": every half record followed
-by the 1024 bytes of codes it leaves out, the kernels told to read K = 1024; both copied into fresh
-memory) and times decoder
-passes of T new tokens after ``--context`` cached ones, without the LM head (a draft pass scores
-its restricted head separately), the two taking turns every round. Reported: each layout's median
+by the 1024 bytes of codes it leaves out, as the AMX tiles take them, the kernels told to read
+K = 1024; both copied into fresh memory) and times decoder passes of T new tokens after
+``--context`` cached ones, without the LM head (a draft pass scores its restricted head
+separately), the two taking turns every round. Reported: each layout's median
 ms per pass, the bytes each streams, and the median over rounds of half / whole.
 
     python benchmarks/q4k_half_records_ab.py [--model qwen2.5-coder-0.5b-instruct] [--precision int4-all]
@@ -25,24 +25,20 @@ import torch
 
 from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_DRAFT, load_model
+from verispec.kernels import load
 from verispec.kernels.linear import Q4KLinear
-
-CODES_LEFT_OUT = 1024  # bytes of codes a half record leaves out
 
 
 def relayout(model: Any, whole: bool) -> int:
     """Copy every Q4_K projection of ``model`` that ends in half records into fresh memory (both
-    layouts alike: a copy and a memory-mapped cache file do not stream at the same speed), with
-    ``whole``, in the whole-record layout (the left-out codes as zeros; the scales of those
-    sub-blocks are zero, so the outputs are the same); rebuild its native layer loop and return how
-    many projections it copied."""
+    layouts alike, so that they differ in layout alone: the model as loaded maps its cache file),
+    with ``whole``, in the whole-record layout the AMX tiles take (``q4k_whole_records``: the
+    same weights); rebuild its native layer loop and return how many projections it copied."""
     changed = 0
     for module in model.modules():
         if isinstance(module, Q4KLinear) and module.packed_in_features % 256:
-            blocks = -(-module.out_features // 16)
-            packed = module.q4k.view(blocks, module.q4k.numel() // blocks)
-            zeros = torch.zeros(blocks, CODES_LEFT_OUT if whole else 0, dtype=torch.uint8)
-            module.q4k = torch.cat([packed, zeros], dim=1).reshape(-1)
+            n, k = module.out_features, module.packed_in_features
+            module.q4k = load().q4k_whole_records(module.q4k, n, k) if whole else module.q4k.clone()
             module.packed_in_features += 128 if whole else 0
             changed += 1
     model._native_layers = model._native_layer_loop()
