@@ -99,8 +99,9 @@ def machine_defaults(
     int8 (its precision only moves the acceptance rate: on the default pair, 2-core Sapphire
     Rapids, an int4 draft decoded 5 HumanEval prompts 7% faster than an int8 one; on 2-core Zen 5
     an int4-all draft 1.05-1.14x faster than an int4 one, medians of three runs, acceptance
-    0.83-0.85 -> 0.77-0.82, benchmarks/vs_llamacpp.py), scoring the first 32768 token ids when its vocabulary
-    is much larger; elsewhere (CUDA, or a CPU where only the portable tier builds) bf16 on torch's
+    0.83-0.85 -> 0.77-0.82, benchmarks/vs_llamacpp.py), scoring the first 32768 token ids (and
+    the request's own ids outside them, :mod:`verispec.drafters.model`) when its vocabulary is
+    much larger; elsewhere (CUDA, or a CPU where only the portable tier builds) bf16 on torch's
     kernels. K is chosen per step from measured costs in every case. ``draft_dtype_given``: the
     user's draft precision, which is kept (and said to be theirs)."""
     if device != "cpu":
@@ -122,7 +123,9 @@ def machine_defaults(
     config = peek_config(draft) if draft is not None else None
     head = DEFAULT_DRAFT_HEAD if config is not None and config.vocab_size > 2 * DEFAULT_DRAFT_HEAD else None
     target_why = "int4 target (the file's Q4_K weights exactly)" if q4k else "bf16 target (no Q4_K weights to use)"
-    head_why = f" scoring {head} of {config.vocab_size} ids" if head and config is not None else ""
+    head_why = ""
+    if head and config is not None:
+        head_why = f" scoring {head} of {config.vocab_size} ids and the request's own"
     return MachineDefaults(
         "int4" if q4k else "bf16", draft_dtype, head,
         f"{tier} kernels: {target_why}, {draft_dtype} draft{mine}{head_why}, K per step from measured costs",

@@ -146,6 +146,8 @@ def test_a_restricted_draft_head_on_the_kernels_scores_as_the_full_head(precisio
     e = Engine(target, None, d, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=3))
     plain = Engine(target, None, None, EngineConfig(max_batch=4, max_len=128, num_draft_tokens=0))
     assert [o.token_ids for o in e.generate(PROMPTS, params)] == [o.token_ids for o in plain.generate(PROMPTS, params)]
+    assert d._pool  # ids of the requests' own outside the head, scored by rows cut from the packed head too
+    assert d._pool_module is not None and torch.equal(d._pool_module(hidden)[0].float(), full[list(d._pool)])
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "mixed"])

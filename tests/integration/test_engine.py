@@ -220,10 +220,34 @@ def test_a_restricted_head_builds_its_laws_on_its_ids_as_on_the_whole_row(params
     narrow, whole = drafts
     assert torch.equal(narrow.token_ids, whole.token_ids) and torch.equal(narrow.num_tokens, whole.num_tokens)
     torch.testing.assert_close(narrow.probs, whole.probs, rtol=0, atol=1e-6)
-    outside = torch.ones(16, dtype=torch.bool)
-    outside[[0, 1, 2, 3, 4, 5, 11]] = False
-    assert narrow.probs[..., outside].abs().sum() == 0  # no mass outside the head
+    for row, own in ((0, []), (1, [7])):  # the head's ids and the ids of the row's own context (7: b's)
+        outside = torch.ones(16, dtype=torch.bool)
+        outside[[0, 1, 2, 3, 4, 5, 11, *own]] = False
+        assert narrow.probs[row][..., outside].abs().sum() == 0  # no mass elsewhere: a's law has none at b's 7
     assert narrow.probs[1, 2:].abs().sum() == 0  # the row drafting 2 tokens has no law past them
+
+
+def test_a_restricted_head_scores_the_requests_own_ids_outside_it() -> None:
+    """An id outside the head that a request's context holds is in that request's draft law with
+    the whole head's score, and in no other request's; without context ids the law stays on the
+    head."""
+    _, draft = tiny_pair(16)
+    prompts = {"a": [3, 1, 4, 1, 5], "b": [2, 9, 12]}
+    head = [0, 1, 2, 3, 4, 5]
+    for context_ids in (True, False):
+        d = make_drafter("model", draft_model=draft, vocab_size=16, max_batch=2, max_len=64, draft_head=6)
+        d.context_ids = context_ids
+        for rid, prompt in prompts.items():
+            d.begin(rid, prompt)
+        params = SamplingParams(temperature=1.0)
+        out = d.propose(BatchView(["a", "b"], [params, params], [make_generator(1), make_generator(2)]), [1, 1])
+        for row, (rid, prompt) in enumerate(prompts.items()):
+            full = draft(torch.tensor([prompt]), None, draft.new_cache(1, 8))[0, -1].float()  # [V]
+            allowed = head + ([t for t in prompt if t >= 6] if context_ids else [])
+            expected = torch.full((16,), float("-inf"))
+            expected[allowed] = full[allowed]
+            torch.testing.assert_close(out.probs[row, 0], torch.softmax(expected, dim=0), rtol=0, atol=1e-6)
+    assert d._pool == ()  # (the last drafter had context ids off)
 
 
 @pytest.mark.parametrize("drafter", ["model", "composite"])

@@ -183,6 +183,8 @@ def test_int8_packing_is_lossless(n: int, k: int) -> None:
     scale = torch.rand(n, generator=gen)
     lin = Int8Linear.from_codes(codes, scale)
     assert torch.equal(lin.codes(), codes)
+    ids = torch.tensor([n - 1, 0, n // 2, 0])  # rows gathered from their blocks, in any order, repeated
+    assert torch.equal(lin.codes(ids), codes[ids])
     assert torch.equal(lin.dequantize(), codes.float() * scale[:, None])
     assert lin.int8.numel() == -(-n // 16) * 16 * k and not lin.int8_scale[n:].any()
 
@@ -352,6 +354,8 @@ def test_bf16_packing_is_lossless(n: int, k: int) -> None:
     w = torch.randn(n, k).to(torch.bfloat16)
     lin = Bf16Linear.from_weight(w)
     assert torch.equal(lin.unpack(), w) and torch.equal(lin.dequantize(), w.float())
+    ids = torch.tensor([n - 1, 0, n // 2, 0])  # rows gathered from their blocks, in any order, repeated
+    assert torch.equal(lin.unpack(ids), w[ids])
     assert lin.bf16.numel() == -(-n // 16) * 16 * k
     assert lin.weight_bytes() == lin.bf16.numel() * 2
 

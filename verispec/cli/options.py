@@ -128,9 +128,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument(
         "--draft-vocab", type=int, default=None, metavar="N",
-        help="score only token ids below N (plus the stop tokens) with the draft model: a cheaper draft "
-        "head, still exact (default: 32768 for a large vocabulary when --dtype is not given and the kernels "
-        "run, else the full vocabulary)",
+        help="score only token ids below N (plus the stop tokens, and the ids of the request's own prompt and "
+        "output) with the draft model: a cheaper draft head, still exact (default: 32768 for a large vocabulary "
+        "when --dtype is not given and the kernels run, else the full vocabulary)",
     )  # fmt: skip
 
 

@@ -222,11 +222,14 @@ class Int8Linear(nn.Module):
         y: Tensor = load().w8a8_linear(_flat(x), self.int8, self.int8_scale, n, k, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def codes(self) -> Tensor:  # [N, K] int8, unpacked
+    def codes(self, ids: Tensor | None = None) -> Tensor:  # [N, K] int8, unpacked (rows ids only: [H, K])
         rows, k = _row_blocks(self.out_features) * ROWS, self.in_features
         # packed index ((nb * K/4 + g) * 16 + r) * 4 + j holds q[16 nb + r, 4 g + j] + 128 as a byte
         packed = self.int8.view(rows // ROWS, k // 4, ROWS, 4)  # [nb, g, r, j]
-        offset = packed.permute(0, 2, 1, 3).reshape(rows, k)[: self.out_features]
+        if ids is None:
+            offset = packed.permute(0, 2, 1, 3).reshape(rows, k)[: self.out_features]
+        else:  # (gathered from their row blocks: no pass over the other rows)
+            offset = packed[ids // ROWS, :, ids % ROWS, :].reshape(ids.numel(), k)
         return torch.bitwise_xor(offset, -128)  # flipping the top bit subtracts 128 (mod 256)
 
     def dequantize(self) -> Tensor:  # [N, K] fp32: the weights forward() multiplies by
@@ -303,10 +306,12 @@ class Bf16Linear(nn.Module):
         y: Tensor = load().bf16_linear(_flat(x).to(torch.bfloat16), self.bf16, n, k, self.bias)
         return y.view(*x.shape[:-1], n).to(x.dtype)
 
-    def unpack(self) -> Tensor:  # [N, K] bf16
+    def unpack(self, ids: Tensor | None = None) -> Tensor:  # [N, K] bf16 (rows ids only: [H, K])
         rows, k = _row_blocks(self.out_features) * ROWS, self.in_features
         # packed index ((nb * K/2 + g) * 16 + r) * 2 + j holds w[16 nb + r, 2 g + j]
         packed = self.bf16.view(rows // ROWS, k // 2, ROWS, 2)  # [nb, g, r, j]
+        if ids is not None:  # (gathered from their row blocks: no pass over the other rows)
+            return packed[ids // ROWS, :, ids % ROWS, :].reshape(ids.numel(), k)
         return packed.permute(0, 2, 1, 3).reshape(rows, k)[: self.out_features]
 
     def dequantize(self) -> Tensor:  # [N, K] fp32: the weights forward() multiplies by
@@ -429,10 +434,10 @@ def select_rows(linear: nn.Module, ids: Tensor) -> nn.Module | None:
     full_bias = getattr(linear, "bias", None)
     bias = None if full_bias is None else full_bias.index_select(0, ids)
     if isinstance(linear, Bf16Linear):
-        return Bf16Linear.from_weight(linear.unpack().index_select(0, ids), bias)
+        return Bf16Linear.from_weight(linear.unpack(ids), bias)
     if isinstance(linear, Int8Linear):
         scale = linear.int8_scale[: linear.out_features].index_select(0, ids)
-        return Int8Linear.from_codes(linear.codes().index_select(0, ids), scale, bias)
+        return Int8Linear.from_codes(linear.codes(ids), scale, bias)
     if isinstance(linear, Q4KLinear):
         h = ids.numel()
         packed = load().q4k_pack(q4k_blocks_of_rows(linear, ids).contiguous(), h, linear.packed_in_features)
