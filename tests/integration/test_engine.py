@@ -205,7 +205,8 @@ def test_restricted_draft_head_greedy_equals_plain() -> None:
 )
 def test_a_restricted_head_builds_its_laws_on_its_ids_as_on_the_whole_row(params: SamplingParams) -> None:
     """Without penalties or biases the draft's laws are built on the head's ids alone; a zero bias
-    forces the whole-row path, which must give the same tokens and the same laws."""
+    forces the whole-row path, which must give the same tokens and the same laws (greedy rows
+    without a bias carry none: their drafts are the point masses at the tokens)."""
     _, draft = tiny_pair(16)
     whole_row = dataclasses.replace(params, logit_bias={0: 0.0})  # (+0.0: the same logits)
     drafts = []
@@ -219,12 +220,40 @@ def test_a_restricted_head_builds_its_laws_on_its_ids_as_on_the_whole_row(params
         drafts.append(d.propose(BatchView(["a", "b"], [p, p], gens), [4, 2]))
     narrow, whole = drafts
     assert torch.equal(narrow.token_ids, whole.token_ids) and torch.equal(narrow.num_tokens, whole.num_tokens)
-    torch.testing.assert_close(narrow.probs, whole.probs, rtol=0, atol=1e-6)
+    laws = narrow.probs
+    if params.greedy:
+        assert laws is None
+        laws = torch.zeros_like(whole.probs)
+        for row, count in enumerate(narrow.num_tokens.tolist()):
+            laws[row, torch.arange(count), narrow.token_ids[row, :count]] = 1.0
+    torch.testing.assert_close(laws, whole.probs, rtol=0, atol=1e-6)
     for row, own in ((0, []), (1, [7])):  # the head's ids and the ids of the row's own context (7: b's)
         outside = torch.ones(16, dtype=torch.bool)
         outside[[0, 1, 2, 3, 4, 5, 11, *own]] = False
-        assert narrow.probs[row][..., outside].abs().sum() == 0  # no mass elsewhere: a's law has none at b's 7
-    assert narrow.probs[1, 2:].abs().sum() == 0  # the row drafting 2 tokens has no law past them
+        assert laws[row][..., outside].abs().sum() == 0  # no mass elsewhere: a's law has none at b's 7
+    assert laws[1, 2:].abs().sum() == 0  # the row drafting 2 tokens has no law past them
+
+
+@pytest.mark.parametrize("name", ["model", "composite"])
+def test_greedy_drafts_carry_no_laws_unless_a_row_samples(name: str) -> None:
+    """A batch whose drafting rows are all greedy drafts the mode of each row's logits and builds
+    no laws (Draft.probs None: point masses); a sampled row brings the laws back, the greedy row's
+    a point mass at its token."""
+    _, draft = tiny_pair(16)
+    greedy, sampled = SamplingParams(temperature=0), SamplingParams(temperature=0.8)
+    for params, gens in (([greedy, greedy], [None, None]), ([greedy, sampled], [None, make_generator(3)])):
+        d = make_drafter(name, draft_model=draft, vocab_size=16, max_batch=2, max_len=64)
+        d.begin("a", [3, 1, 4, 1, 5])
+        d.begin("b", [2, 7])
+        out = d.propose(BatchView(["a", "b"], params, gens), [3, 3])
+        assert out.num_tokens.tolist() == [3, 3]
+        if params[1].greedy:
+            assert out.probs is None
+        else:
+            assert out.probs is not None
+            expected = torch.zeros(3, 16)
+            expected[torch.arange(3), out.token_ids[0]] = 1.0
+            assert torch.equal(out.probs[0], expected)
 
 
 def test_a_restricted_head_scores_the_requests_own_ids_outside_it() -> None:

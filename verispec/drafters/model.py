@@ -3,7 +3,10 @@
 The draft model keeps its own KV cache, one slot per request. Each draft token is drawn from the
 draft model's law through the SAME :func:`~verispec.sampling.to_probs` and SamplingParams as the
 target (penalties included), and that exact law is reported in ``Draft.probs``: the rejection rule
-needs the law the token was actually drawn from, nothing else.
+needs the law the token was actually drawn from, nothing else. A greedy request's law is the point
+mass at the mode of its logits; when every drafting row of a step is greedy (no bias, no penalty)
+the draft reports no laws (``Draft.probs`` None, which the rules read as point masses at the
+tokens) and builds none: ~0.6 MB of laws per draft token and their sampling left out.
 
 Cache bookkeeping per request: ``context`` is the request's own token list (everything committed:
 prompt + output; the engine extends it), ``fed`` how many of its tokens are in the draft cache. A
@@ -294,9 +297,13 @@ class ModelDrafter:
         n = len(batch)
         k_max = max(max_tokens, default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)
+        rows = [b for b in range(n) if max_tokens[b] > 0]
+        # Every drafting row greedy, with no bias to apply: each draft token is the mode of its
+        # logits, a point mass, so the draft carries no laws (Draft.probs None: what the rules
+        # take for point masses) and none are built.
+        point = bool(rows) and all(batch.params[b].greedy and not batch.params[b].logit_bias for b in rows)
         # (each position zeroed when it is drafted: a stop may end every draft well before k_max)
         laws = torch.empty((n, k_max, self.vocab_size), dtype=torch.float32, device=self.model.device)
-        rows = [b for b in range(n) if max_tokens[b] > 0]
         states = [self._get(batch.request_ids[b]) for b in rows]
         for b, state in zip(rows, states, strict=True):
             if state.fed + max_tokens[b] > self.max_len:
@@ -304,6 +311,7 @@ class ModelDrafter:
             state.last_k = max_tokens[b]
             state.context_at_propose = len(state.context)
         histories = self._histories(batch, rows, states)
+        point = point and histories is None  # (penalties move the mode)
         # laws on the head's ids alone (module docstring) unless a row's penalties or biases need the whole row
         narrow = self._head_ids is not None and histories is None and not any(batch.params[b].logit_bias for b in rows)
         drafted: dict[int, list[int]] = {b: [] for b in rows}
@@ -325,28 +333,35 @@ class ModelDrafter:
                     torch.stack([histories[j].output_counts[0] for j in active]),
                     torch.stack([histories[j].prompt_mask[0] for j in active]),
                 ).extended(self._drafted_matrix([drafted[rows[j]] for j in active], i))
-            built = build_laws(logits, params, hist)  # [A, V] or [A, H]
-            law = built.probs
-            if built.failed:  # a row without a draft law stops drafting here; the others go on
-                ok = [a for a in range(len(active)) if a not in built.failed]
-                law, logits = law[ok], logits[ok]
+            law: Tensor | None = None
+            if point:  # the mode (lowest id on ties), as build_laws and sample give it
+                failed = self._without_mode(logits)
+            else:
+                built = build_laws(logits, params, hist)  # [A, V] or [A, H]
+                law, failed = built.probs, list(built.failed)
+            if failed:  # a row without a draft law stops drafting here; the others go on
+                ok = [a for a in range(len(active)) if a not in failed]
+                logits = logits[ok]
+                law = law[ok] if law is not None else None
                 active = [active[a] for a in ok]
                 if not active:
                     break
-            picked = sample(law, [batch.generators[rows[j]] for j in active])  # [A]
-            laws[:, i].zero_()
+            picked = logits.argmax(dim=1) if law is None else sample(law, [batch.generators[rows[j]] for j in active])
             ends: set[int] = set()  # rows whose draft the policy's stop ends here
             if batch.stop is not None:
                 ends = self._stops(batch, [rows[j] for j in active], i + 1, logits, law, picked)
+            if law is not None:
+                laws[:, i].zero_()
             if narrow:
                 assert columns is not None
                 picked = columns[picked]
-                laws[:, i].index_copy_(1, columns, self._scatter_rows(law, [rows[j] for j in active], n))
+                if law is not None:
+                    laws[:, i].index_copy_(1, columns, self._scatter_rows(law, [rows[j] for j in active], n))
             tokens = picked.tolist()  # host: the next feed
             for a, j in enumerate(active):
                 b = rows[j]
                 ids[b, i] = tokens[a]
-                if not narrow:
+                if not narrow and law is not None:
                     laws[b, i] = law[a]
                 drafted[b].append(tokens[a])
                 pieces[j] = [tokens[a]]
@@ -356,23 +371,33 @@ class ModelDrafter:
             state.last_k = len(drafted[b])
         num = torch.tensor([len(drafted.get(b, [])) for b in range(n)], dtype=torch.long)
         width = int(num.max()) if n else 0  # the longest draft (positions past it were never drafted)
-        return Draft(ids[:, :width], num, laws[:, :width])
+        return Draft(ids[:, :width], num, None if point else laws[:, :width])
+
+    @staticmethod
+    def _without_mode(logits: Tensor) -> list[int]:
+        """The rows of ``logits`` ``[A, V]`` with no mode to draft: a largest logit that is not
+        finite (NaN or +inf from the model, or every token at -inf), as :func:`build_laws` finds them."""
+        finite = torch.isfinite(logits.amax(dim=1))  # (amax propagates NaN)
+        return [] if bool(finite.all()) else (~finite).nonzero()[:, 0].tolist()
 
     @staticmethod
     def _stops(
-        batch: BatchView, rows: Sequence[int], drafted: int, logits: Tensor, law: Tensor, picked: Tensor
+        batch: BatchView, rows: Sequence[int], drafted: int, logits: Tensor, law: Tensor | None, picked: Tensor
     ) -> set[int]:
         """Ask ``batch.stop`` about each row's ``drafted``-th token (``picked`` ``[A]``, drawn from
         ``law`` ``[A, V]``, the draft's ``logits`` ``[A, V]`` before the request's processing) and
         return the rows whose draft ends here. A token's confidence is its probability under the
         law it was drawn from; a greedy request's law is a point mass, so there it is the top
-        token's probability at temperature 1."""
+        token's probability at temperature 1 (``law`` None: every row is greedy)."""
         assert batch.stop is not None
-        drawn = law.gather(1, picked[:, None])[:, 0]  # [A]
         greedy = [batch.params[b].greedy for b in rows]
-        if any(greedy):
-            top = torch.softmax(logits, dim=-1).amax(dim=-1)  # [A]
-            drawn = torch.where(torch.tensor(greedy, device=drawn.device), top, drawn)
+        if law is None:
+            drawn = torch.softmax(logits, dim=-1).amax(dim=-1)  # [A]
+        else:
+            drawn = law.gather(1, picked[:, None])[:, 0]  # [A]
+            if any(greedy):
+                top = torch.softmax(logits, dim=-1).amax(dim=-1)  # [A]
+                drawn = torch.where(torch.tensor(greedy, device=drawn.device), top, drawn)
         confidence = drawn.tolist()
         return {b for b, f in zip(rows, confidence, strict=True) if not batch.stop.keep_drafting(b, drafted, f)}
 
