@@ -135,3 +135,49 @@ def q4k_reference(x: torch.Tensor, blocks: np.ndarray, n: int, k: int, bias: tor
         u = fma(s1.to(torch.float32), ds[:, 2 * b + 1], s0.to(torch.float32) * ds[:, 2 * b])
         t = fma(-a1, dm[:, 2 * b + 1], fma(-a0, dm[:, 2 * b], fma(u, sx, t)))
     return (t if bias is None else t + bias.to(torch.float32)).to(x.dtype)
+
+
+def q6k_blocks(n: int, k: int, seed: int = 0, d: float = 2.0**-12) -> np.ndarray:
+    """Well-formed random GGUF Q6_K blocks ``[n, k/256 * 210]`` uint8: random codes and int8
+    scales (any bytes are valid), fp16 ``d`` around ``d`` of either sign."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(n, k // 256, 210), dtype=np.uint8)
+    scale = d * (0.5 + rng.random((n, k // 256))) * rng.choice([-1.0, 1.0], size=(n, k // 256))
+    blocks[..., 208:210] = scale.astype(np.float16)[..., None].view(np.uint8)
+    return blocks.reshape(n, -1)
+
+
+def q6k_factors(blocks: np.ndarray, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The codes ``q`` ``[n, k]`` (0..63), scales ``sc`` ``[n, k / 16]`` and ``d`` ``[n, k / 256]`` fp32
+    of Q6_K blocks, decoded as ggml's dequantize_row_q6_K reads them."""
+    b = blocks.reshape(n, k // 256, 210).astype(np.int64)
+    ql, qh = b[..., :128].reshape(n, -1, 2, 64), b[..., 128:192].reshape(n, -1, 2, 32)  # [n, S, half, ...]
+    codes = np.zeros((n, k // 256, 2, 4, 32), dtype=np.int64)
+    for c in range(4):
+        low = ql[..., 32 * (c & 1) : 32 * (c & 1) + 32]
+        codes[..., c, :] = ((low >> 4) if c >= 2 else low) & 0x0F | (((qh >> (2 * c)) & 3) << 4)
+    sc = blocks.reshape(n, k // 256, 210)[..., 192:208].view(np.int8).astype(np.int64).reshape(n, -1)
+    d = blocks.reshape(n, k // 256, 210)[..., 208:210].copy().view(np.float16).astype(np.float32).reshape(n, -1)
+    return torch.from_numpy(codes.reshape(n, k)), torch.from_numpy(sc), torch.from_numpy(d)
+
+
+def q6k_reference(x: torch.Tensor, blocks: np.ndarray, n: int, k: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """The arithmetic of :class:`verispec.kernels.Q6KLinear` in plain torch: ``x`` ``[M, k]``
+    quantised per block of 64 inputs (:func:`w8a8_quantize_reference`); per block ``b`` the exact
+    integer ``I = sum_j sc_j (p_j . q_j - 32 sum p_j)`` over its four 16-input sub-blocks, then in
+    fp32 ``u = fma(I, sx_b, u)`` within a super-block (from 0), ``t = fma(u, d, t)``, ``y = t + bias``
+    in ``x``'s dtype."""
+    codes, sc, d = q6k_factors(blocks, n, k)
+    q, xscale = w8a8_quantize_reference(x)
+    qi = q.to(torch.int64)
+    t = torch.zeros(x.shape[0], n)
+    for s in range(k // 256):
+        u = torch.zeros(x.shape[0], n)
+        for b in range(4 * s, 4 * s + 4):
+            total = torch.zeros(x.shape[0], n, dtype=torch.int64)
+            for j in range(4 * b, 4 * b + 4):
+                p = qi[:, 16 * j : 16 * j + 16]
+                total += sc[:, j] * (p @ codes[:, 16 * j : 16 * j + 16].T - 32 * p.sum(1, keepdim=True))
+            u = fma(total.to(torch.float32), xscale[:, b, None], u)
+        t = fma(u, d[:, s], t)
+    return (t if bias is None else t + bias.to(torch.float32)).to(x.dtype)

@@ -205,6 +205,50 @@ void q4k_half_record() {
   }
 }
 
+// A Q6_K matrix: the packer, the exact dequantiser and the kernel at 1 to 21 rows, the 16-input
+// sums interleaved as bindings.cpp's q6k_matmul makes them.
+void q6k() {
+  const int64_t n = 40, k = 512, nb = (n + kRows - 1) / kRows;
+  std::vector<uint8_t> blocks(n * (k / 256) * kQ6KBlock);
+  for (auto& v : blocks) v = static_cast<uint8_t>(next_u32());
+  for (int64_t i = 0; i < n * (k / 256); ++i) {  // d: small fp16 of either sign
+    const uint16_t d = static_cast<uint16_t>(0x1400 | (next_u32() & 0x83FF));
+    std::memcpy(&blocks[i * kQ6KBlock + 208], &d, 2);
+  }
+  std::vector<uint8_t> packed(nb * (k / 256) * kQ6KRecord);
+  q6k_pack(blocks.data(), n, k, packed.data(), 0, nb);
+  report("pack q6k", packed);
+  std::vector<float> deq(nb * kRows * k);
+  q6k_dequantize(packed.data(), k, deq.data(), 0, nb);
+  report("dequantize q6k", deq);
+  char name[64];
+  for (int64_t m : {1, 2, 3, 5, 8, 9, 16, 21}) {
+    Quantized z;
+    quantize(activations(m, k), m, k, false, z);
+    std::vector<int32_t> sums(2 * m * (k / 16));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < k / 16; ++j)
+        for (int c = 0; c < 16; ++c) sums[r * (k / 16) + j] += z.a.xq[r * k + 16 * j + c];
+    W8A8Args a = z.a;
+    a.xsum16_rows = sums.data();
+    if (m > 1) {
+      auto* plain = reinterpret_cast<const uint32_t*>(sums.data());
+      interleave_rows(plain, m, k / 16, vector_chunk_rows(), reinterpret_cast<uint32_t*>(sums.data() + m * (k / 16)), 0,
+                      k / 16);
+      a.xsum16_rows = sums.data() + m * (k / 16);
+    }
+    std::vector<float> y(m * n);
+    a.bias = nullptr;
+    a.y = y.data();
+    a.N = n;
+    a.out_bf16 = false;
+    a.w = packed.data();
+    q6k_linear_vec(a, 0, nb);
+    std::snprintf(name, sizeof name, "q6k m=%" PRId64, m);
+    report(name, y);
+  }
+}
+
 void quantize_edges() {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const int64_t k = 96;
@@ -308,6 +352,7 @@ int main() {
 #endif
   projections();
   q4k_half_record();
+  q6k();
   quantize_edges();
   layer_ops();
   attention(4, 64, "attention");

@@ -1,8 +1,8 @@
 """The neon tier computes the same bits as the portable one, on AArch64, without ARM hardware.
 
-``kernel_check.cpp`` runs every kernel of ``csrc/vec`` (int8, Q4_K and bf16 projections at 1 to
-21 rows, the activation quantisation with NaN / infinities / ties, the packers, the Q4_K
-dequantiser, RMSNorm, RoPE, SwiGLU, attention in bf16 and fp32) on fixed inputs and prints a
+``kernel_check.cpp`` runs every kernel of ``csrc/vec`` (int8, Q4_K, Q6_K and bf16 projections at
+1 to 21 rows, the activation quantisation with NaN / infinities / ties, the packers, the Q4_K and
+Q6_K dequantisers, RMSNorm, RoPE, SwiGLU, attention in bf16 and fp32) on fixed inputs and prints a
 hash of each output. It is cross-compiled for AArch64 twice, with the neon tier's flags and with
 none (plain C++), run under qemu-user, and compiled for this machine as plain C++; the three must
 print the same lines, and the neon build must have taken vec.h's NEON branch. A build with

@@ -12,7 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from tests.kernels import on_tier, q4k_blocks, q4k_reference, require_kernels, w8a8_quantize_reference, w8a8_reference
+from tests.kernels import (
+    on_tier,
+    q4k_blocks,
+    q4k_reference,
+    q6k_blocks,
+    q6k_factors,
+    q6k_reference,
+    require_kernels,
+    w8a8_quantize_reference,
+    w8a8_reference,
+)
 from verispec.errors import ConfigError
 from verispec.formats.dequant import dequantize
 from verispec.kernels.dispatch import TIER_NAMES
@@ -72,6 +82,68 @@ def test_q4k_computes_the_w8a8_arithmetic_on_the_exact_weights(m: int, dtype: to
     ref = q4k_reference(x, blocks, n, k, b)
     assert torch.equal(y, ref), (y.float() - ref.float()).abs().max()
     assert torch.equal(y[m // 2], torch.zeros(n, dtype=dtype) if b is None else b.to(dtype))
+
+
+@pytest.mark.parametrize(("n", "k"), [(64, 512), (37, 256), (16, 1536)])
+def test_q6k_packing_is_lossless(n: int, k: int) -> None:
+    """The packed records hold the blocks' weights d * sc * (q - 32) exactly (computed in fp64;
+    gguf-py's fp32 dequantiser rounds the product d * sc * q once more, to within an ulp)."""
+    from verispec.kernels import Q6KLinear, q6k_packed_numel
+
+    blocks = q6k_blocks(n, k, seed=n)
+    blocks[0, 192:208] = np.array([-128, 127] * 8, dtype=np.int8).view(np.uint8)  # extreme scales
+    blocks[1, :192] = 0xFF  # every code 63
+    lin = Q6KLinear.from_blocks(blocks, n, k)
+    codes, sc, d = q6k_factors(blocks, n, k)
+    exact = (d.double().repeat_interleave(256, 1) * (sc.repeat_interleave(16, 1) * (codes - 32))).float()
+    w = lin.dequantize()
+    assert torch.equal(w, exact)
+    theirs = torch.from_numpy(gq.dequantize(blocks, gq.GGMLQuantizationType.Q6_K).astype(np.float32)).reshape(n, k)
+    torch.testing.assert_close(w, theirs, rtol=2.0**-23, atol=0)
+    assert lin.q6k.numel() == q6k_packed_numel(n, k) == -(-n // 16) * (k // 256) * 3392
+    assert lin.weight_bytes() == lin.q6k.numel()
+
+
+@pytest.mark.parametrize("m", W8A8_ROWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_q6k_computes_the_w8a8_arithmetic_on_the_exact_weights(m: int, dtype: torch.dtype, bias: bool) -> None:
+    """Bit for bit the plain-torch reference (exact integer sums per 16-input sub-block, scaled
+    and offset in integers, then the fp32 steps per block and super-block), for any number of
+    rows, each row the same as alone."""
+    from verispec.kernels import Q6KLinear
+
+    n, k = 72, 768  # 72: the last 16-row block is partial
+    blocks = q6k_blocks(n, k, seed=m)
+    gen = torch.Generator().manual_seed(m)
+    b = torch.randn(n, generator=gen) if bias else None
+    lin = Q6KLinear.from_blocks(blocks, n, k, b)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    x[m // 2] = 0  # an all-zero row: y = bias
+    y = lin(x)
+    assert y.dtype == dtype and y.shape == (m, n)
+    ref = q6k_reference(x, blocks, n, k, b)
+    assert torch.equal(y, ref), (y.float() - ref.float()).abs().max()
+    assert torch.equal(y[m // 2], torch.zeros(n, dtype=dtype) if b is None else b.to(dtype))
+    assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(m)]), y)
+    if m > 1:  # (m = 1: the zero row alone)
+        w = lin.dequantize().double()
+        assert rel_err(y, x.double() @ w.T + (0 if b is None else b.double())) < 0.02  # (int8 activations)
+
+
+def test_q6k_refuses_what_it_cannot_take() -> None:
+    from verispec.kernels import Q6KLinear
+
+    kernels = require_kernels()
+    lin = Q6KLinear.from_blocks(q6k_blocks(16, 256), 16, 256)
+    with pytest.raises(ValueError, match="x must be"):
+        lin(torch.randn(2, 128))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        Q6KLinear(lin.q6k, 16, 128)
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        kernels.q6k_pack(torch.zeros(16 * 210, dtype=torch.uint8), 16, 128)
+    with pytest.raises(RuntimeError, match="packed Q6_K"):
+        kernels.q6k_linear(torch.randn(1, 256), lin.q6k[:-1], 16, 256, None)
 
 
 @pytest.mark.parametrize("m", W8A8_ROWS)

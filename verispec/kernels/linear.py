@@ -162,6 +162,77 @@ class Q4KLinear(nn.Module):
         return f"in_features={self.in_features}{padded}, out_features={self.out_features}, Q4_K exact, W8A8"
 
 
+Q6K_BLOCK_BYTES = 210  # one GGUF block_q6_K (256 weights)
+Q6K_RECORD_BYTES = 3392  # one packed Q6_K record: 16 rows x 256 inputs (csrc/common.h)
+
+
+def q6k_packed_numel(out_features: int, in_features: int) -> int:
+    """Bytes of packed Q6_K weights ``[N, K]`` (``K`` a multiple of 256), ``N`` padded to 16 rows."""
+    return _row_blocks(out_features) * (in_features // Q4K_SUPER) * Q6K_RECORD_BYTES
+
+
+class Q6KLinear(nn.Module):
+    """``y = x_q @ W.T + bias`` with ``W`` ``[N, K]`` the exact weights of GGUF Q6_K blocks
+    (``d * sc * (q - 32)``: 6-bit codes, an int8 scale per 16 inputs and an fp16 ``d`` per 256) and
+    ``x_q`` the activations quantised to int8 per block of 64 inputs, as for the other kernels.
+
+    Numerics (``csrc/common.h``, ``csrc/vec/linear.cpp``; the same bits on every tier, amx
+    included, which runs the vector kernels): per block of 64 inputs, the integer
+    ``I = sum_j sc_j * (p . q_j - 32 * sum p_j)`` over its four 16-input sub-blocks is exact; then in
+    fp32, with fused multiply-adds, ``u = fma(I, scale_x, u)`` block by block within a super-block
+    of 256 inputs (from 0), ``t = fma(u, d, t)`` super-block by super-block, and ``y = t + bias``.
+    A Q6_K weight is 0.82 bytes (210 per 256) where the int8 requantisation of the same tensor is
+    one byte and a second rounding. :meth:`dequantize` returns the weights exactly.
+
+    ``q6k``: the packed records (uint8, :func:`q6k_packed_numel` bytes), as :meth:`from_blocks`
+    makes them from a GGUF's blocks; ``K`` a multiple of 256, ``N`` any size.
+    """
+
+    kind: ClassVar[str] = "q6k"
+    q6k: Tensor
+    bias: Tensor | None
+
+    def __init__(self, q6k: Tensor, out_features: int, in_features: int, bias: Tensor | None = None) -> None:
+        super().__init__()
+        if in_features % Q4K_SUPER or in_features <= 0:
+            raise ValueError(f"Q6_K needs in_features a positive multiple of {Q4K_SUPER}, got {in_features}")
+        expected = q6k_packed_numel(out_features, in_features)
+        if q6k.dtype != torch.uint8 or q6k.numel() != expected:
+            raise ValueError(f"packed Q6_K must be {expected} uint8 bytes, got {q6k.numel()} {q6k.dtype}")
+        self.out_features, self.in_features = out_features, in_features
+        self.register_buffer("q6k", q6k.reshape(-1))
+        self.register_buffer("bias", _check_bias(bias, out_features))
+
+    @classmethod
+    def from_blocks(cls, blocks: Tensor | np.ndarray, out_features: int, in_features: int,
+                    bias: Tensor | None = None) -> Q6KLinear:  # fmt: skip
+        """From the GGUF blocks ``[N, K/256 * 210]`` uint8 (rows in the runtime's order)."""
+        raw = torch.from_numpy(np.array(blocks, dtype=np.uint8)) if isinstance(blocks, np.ndarray) else blocks
+        if in_features % Q4K_SUPER:
+            raise ValueError(f"GGUF Q6_K blocks cover a multiple of 256 inputs, got {in_features}")
+        packed = load().q6k_pack(raw.contiguous().reshape(out_features, -1), out_features, in_features)
+        return cls(packed, out_features, in_features, bias)
+
+    def forward(self, x: Tensor) -> Tensor:  # [..., K] bf16/fp32 -> [..., N] same dtype
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x must be [..., {self.in_features}], got {tuple(x.shape)}")
+        if x.numel() == 0:
+            return x.new_zeros(*x.shape[:-1], self.out_features)
+        y: Tensor = load().q6k_linear(_flat(x), self.q6k, self.out_features, self.in_features, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def dequantize(self) -> Tensor:  # [N, K] fp32: the weights forward() multiplies by, exactly
+        w: Tensor = load().q6k_dequantize(self.q6k, self.out_features, self.in_features)
+        return w
+
+    def weight_bytes(self) -> int:
+        """Bytes one forward pass streams (the packed weights and the bias)."""
+        return self.q6k.numel() + (0 if self.bias is None else self.bias.numel() * 4)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, Q6_K exact, W8A8"
+
+
 class Int8Linear(nn.Module):
     """``y = x_q @ (scale * q).T + bias``: int8 codes ``q`` ``[N, K]`` with fp32 ``scale`` ``[N]``,
     and ``x_q`` the activations quantised to int8 per block of 64 inputs (W8A8, see the module

@@ -205,6 +205,67 @@ at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
   return y;
 }
 
+// ------------------------------------------------------------------------------------ Q6_K
+
+void check_q6k_inputs(int64_t k) {
+  TORCH_CHECK(k > 0 && k % 256 == 0, "packed Q6_K rows must have a multiple of 256 inputs, got ", k);
+}
+
+at::Tensor q6k_pack_blocks(const at::Tensor& blocks, int64_t n, int64_t k) {
+  check_q6k_inputs(k);
+  check_weights(blocks, at::kByte, n * (k / 256) * kQ6KBlock, "Q6_K blocks");
+  at::Tensor packed = at::empty({row_blocks(n) * (k / 256) * kQ6KRecord}, blocks.options());
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) { q6k_pack(src, n, k, dst, b, e); });
+  return packed;
+}
+
+at::Tensor q6k_dequantize_packed(const at::Tensor& packed, int64_t n, int64_t k) {
+  check_q6k_inputs(k);
+  check_weights(packed, at::kByte, row_blocks(n) * (k / 256) * kQ6KRecord, "packed Q6_K");
+  at::Tensor w = at::empty({row_blocks(n) * kRows, k}, packed.options().dtype(at::kFloat));
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  float* dst = w.data_ptr<float>();
+  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) { q6k_dequantize(src, k, dst, b, e); });
+  return w.narrow(0, 0, n);
+}
+
+// x [M, K] quantised as for int8 (per 64 inputs), with the sums of its codes over each 16 inputs
+// (interleaved by chunks as the other activation arrays when M > 1), times the Q6_K weights; every
+// tier runs the vector kernels (amx included).
+at::Tensor q6k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+                      const c10::optional<at::Tensor>& bias) {
+  check_q6k_inputs(k);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1, "x must be [M, ", k, "], got ", x.sizes());
+  check_weights(packed, at::kByte, row_blocks(n) * (k / 256) * kQ6KRecord, "packed Q6_K");
+  const int64_t m = x.size(0), subs = k / 16;
+  at::Tensor y = at::empty({m, n}, x.options());
+  Quantized keep;
+  W8A8Args a = quantized_args(x, y, n, k, bias, false, true, keep);
+  at::Tensor sums = at::empty({(m > 1 ? 2 : 1) * m * subs}, x.options().dtype(at::kInt));
+  int32_t* plain = sums.data_ptr<int32_t>();
+  const int8_t* xq = keep.buffers.xq;
+  at::parallel_for(0, m, grain_for(k), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < subs; ++j) {
+        int32_t t = 0;
+        for (int c = 0; c < 16; ++c) t += xq[r * k + 16 * j + c];
+        plain[r * subs + j] = t;
+      }
+  });
+  if (m > 1) {
+    uint32_t* rows = reinterpret_cast<uint32_t*>(plain + m * subs);
+    interleave_rows(reinterpret_cast<const uint32_t*>(plain), m, subs, vector_chunk_rows(), rows, 0, subs);
+    a.xsum16_rows = plain + m * subs;
+  } else {
+    a.xsum16_rows = plain;
+  }
+  a.w = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) { q6k_linear_vec(a, b, e); });
+  return y;
+}
+
 // ------------------------------------------------------------------------------------ int8
 
 at::Tensor w8a8_pack_codes(const at::Tensor& q) {
@@ -415,7 +476,7 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 // ------------------------------------------------------------------------------------ decoder layers
 
 // One packed projection as verispec.kernels.linear holds it: kind 0 bf16 (w: packed bf16), 1 int8
-// (w: packed codes, scale: padded scales), 2 Q4_K (w: packed records).
+// (w: packed codes, scale: padded scales), 2 Q4_K (w: packed records), 3 Q6_K (w: packed records).
 struct Projection {
   int64_t kind, n, k;
   at::Tensor w, scale;
@@ -423,6 +484,7 @@ struct Projection {
   at::Tensor operator()(const at::Tensor& x) const {
     if (kind == 0) return bf16_matmul(x, w, n, k, bias, false);
     if (kind == 1) return w8a8_matmul(x, w, scale, n, k, bias, kEngineAuto);
+    if (kind == 3) return q6k_matmul(x, w, n, k, bias);
     return q4k_matmul(x, w, n, k, bias, kEngineAuto);
   }
 };
@@ -549,6 +611,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4k_dequantize", &verispec::q4k_dequantize_packed, "packed Q4_K -> the exact fp32 weights [N, K]");
   m.def("q4k_whole_records", &verispec::q4k_whole_records,
         "packed Q4_K of K = 256 s + 128 inputs -> the same weights as K + 128 inputs in whole records (for AMX tiles)");
+  m.def("q6k_pack", &verispec::q6k_pack_blocks, "GGUF Q6_K blocks [N, K/256*210] uint8 -> packed records (K a multiple of 256)");
+  m.def("q6k_dequantize", &verispec::q6k_dequantize_packed, "packed Q6_K -> the exact fp32 weights [N, K]");
+  m.def("q6k_linear", &verispec::q6k_matmul,
+        "x [M, K] quantised to int8 per 64 inputs, times dequantise(packed Q6_K).T, + bias -> [M, N], x's dtype",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"));
   m.def("q4k_linear", &verispec::q4k_matmul,
         "x [M, K] quantised to int8 per 64 inputs, times dequantise(packed Q4_K).T, + bias -> [M, N], x's dtype; "
         "engine 0 = by the number of rows, 1 = vectors, 2 = AMX (amx tier; the same result)",
@@ -576,7 +643,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<verispec::Projection>(m, "Projection")
       .def(py::init([](int64_t kind, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
                        int64_t n, int64_t k) {
-             TORCH_CHECK(kind >= 0 && kind <= 2, "kind must be 0 (bf16), 1 (int8) or 2 (Q4_K)");
+             TORCH_CHECK(kind >= 0 && kind <= 3, "kind must be 0 (bf16), 1 (int8), 2 (Q4_K) or 3 (Q6_K)");
              TORCH_CHECK(kind != 1 || scale.has_value(), "an int8 projection needs its scales");
              return verispec::Projection{kind, n, k, w, scale.value_or(at::Tensor()), bias};
            }),

@@ -61,6 +61,7 @@ struct W8A8Args {
   const float* xscale_rows;
   const int32_t* xsum_rows;
   const float* xmin_rows;
+  const int32_t* xsum16_rows;  // Q6_K: [M, K / 16] sums of xq over each 16 inputs, interleaved as above; else null
   const float* bias;      // [N] fp32, or null
   void* y;                // [M, N] fp32 or bf16
   int64_t M, N, K;
@@ -145,6 +146,32 @@ void q4k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, i
 void q4k_linear_vec(const W8A8Args& a, int64_t begin, int64_t end);
 void q4k_linear_amx(const W8A8Args& a, int64_t begin, int64_t end);
 constexpr int kQ4KVectorRows = 16;  // amx tier: calls with at most this many rows run on vectors (as fast as the tiles to 16)
+
+// ---- GGUF Q6_K weights (vec/pack.cpp: the layout; vec/linear.cpp: the vector kernels, which every
+// tier runs, amx included). A GGUF block_q6_K (210 bytes) holds 256 weights d * sc[i / 16] * (q[i] -
+// 32): 6-bit codes q (low 4 bits in ql, top 2 in qh), 16 int8 scales sc and an fp16 d. A packed
+// record holds one super-block of 16 rows (3392 bytes, 212 per row):
+//   [0, 32)     d of rows 0..15 (fp16), then 32 zero bytes
+//   [64, 320)   sc: byte 64 + 16 j + r = scale j (sub-block of inputs 16 j .. 16 j + 15) of row r
+//   [320, ...)  per quarter of 64 inputs (i = 0..3), 768 bytes: 8 groups of 64 bytes whose byte
+//               64 g + 4 r + c holds the low 4 bits of row r's code of input 64 i + 4 g + c (low
+//               nibble) and of input 64 i + 32 + 4 g + c (high nibble), then 4 groups of 64 bytes
+//               whose byte 512 + 64 g + 4 r + c holds the top 2 bits of the codes of inputs
+//               64 i + 16 s + 4 g + c at bits 2 s, 2 s + 1 (s = 0..3)
+// The arithmetic (every tier, bit for bit; xq, scale_x per 64 inputs and P16, the sums of xq over
+// each 16 inputs, from the activations): per row and quarter (activation block b), the exact
+// integer I = sum over its 4 sub-blocks j of sc_j * (sum q p - 32 P16_j); per super-block
+// u = fma(float(I_3), scale_x[b3], ... fma(float(I_0), scale_x[b0], 0)); then t = fma(u, d, t)
+// super-block by super-block from t = 0; finally y = t + bias.
+constexpr int kQ6KBlock = 210;     // bytes of one GGUF block_q6_K
+constexpr int kQ6KRecord = 3392;   // bytes of one packed record: 16 rows x one super-block
+constexpr int kQ6KHeader = 320;    // bytes of a record before the codes
+constexpr int kQ6KQuarter = 768;   // bytes of one quarter's codes
+// blocks: GGUF blocks [n, k / 256 * 210] (k a multiple of 256) -> records of row blocks [begin, end)
+void q6k_pack(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* packed, int64_t begin, int64_t end);
+// The exact fp32 weights d * (sc * (q - 32)) of row blocks [begin, end) (w: [16 * blocks, k]).
+void q6k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, int64_t end);
+void q6k_linear_vec(const W8A8Args& a, int64_t begin, int64_t end);
 
 // ---- attention one query row at a time (vec/attention.cpp)
 struct AttnArgs {

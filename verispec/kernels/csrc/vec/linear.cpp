@@ -158,9 +158,89 @@ void q4k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
   for (int m = 0; m < R; ++m) store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, t[m]), nv);
 }
 
+// ------------------------------------------------------------------------------------ Q6_K
+
+// The 4 code groups (64 bytes each: byte 4r + c the 6-bit code of row r, input c of the group) of
+// sub-block S (inputs 16 S .. 16 S + 15) of a quarter's codes at q (common.h's Q6_K record): the
+// low 4 bits from nibble group (4 S + g) mod 8 (the high nibbles for S >= 2), the top 2 from bits
+// 2 S, 2 S + 1 of high group g, moved to bits 4-5. (Shifts of 32-bit lanes: the masks keep each
+// byte's own bits.)
+template <int S>
+inline __attribute__((always_inline)) void q6k_codes(const uint8_t* q, I16 (&code)[4]) {
+  const I16 low = iset1(0x0F0F0F0F), top = iset1(0x30303030);
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    const I16 nib = iload(q + 64 * ((4 * S + g) & 7)), hb = iload(q + 512 + 64 * g);
+    const I16 lo = iand(S >= 2 ? ishr<4>(nib) : nib, low);
+    I16 hi;
+    if constexpr (S == 0)
+      hi = ishl<4>(hb);
+    else if constexpr (S == 1)
+      hi = ishl<2>(hb);
+    else if constexpr (S == 2)
+      hi = hb;
+    else
+      hi = ishr<2>(hb);
+    code[g] = ior(lo, iand(hi, top));
+  }
+}
+
+// acc[m] += sc_S * (sum of row m's codes x activations over sub-block S - 32 P16) for the chunk's R
+// rows; xw: the words of the quarter's first input (16 per quarter, 4 per sub-block), p16: the
+// chunk's 16-input sums from the quarter's first sub-block.
+template <int R, int S>
+inline __attribute__((always_inline)) void q6k_subblock(const uint8_t* q, I16 sc, const int32_t* xw, const int32_t* p16,
+                                                        I16* acc) {
+  I16 code[4], dots[R];
+  q6k_codes<S>(q, code);
+  u6_dots<R>(code, xw + 4 * S * R, dots);
+#pragma GCC unroll 16
+  for (int m = 0; m < R; ++m) acc[m] = iadd(acc[m], imul(isub(dots[m], iset1(32 * p16[S * R + m])), sc));
+}
+
+template <int R>
+void q6k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
+  const int64_t nsb = a.K / 256, nblk = a.K / 64;
+  const uint8_t* rec = a.w + nb * nsb * kQ6KRecord;
+  // this chunk's rows, interleaved (common.h): word g of row m at xw[g * R + m], and so on
+  const int32_t* xw = a.xq_rows + row0 * (a.K / 4);
+  const float* xs = a.xscale_rows + row0 * nblk;
+  const int32_t* p16 = a.xsum16_rows + row0 * (a.K / 16);
+  F16 t[R];
+  for (int m = 0; m < R; ++m) t[m] = zero();
+  for (int64_t sb = 0; sb < nsb; ++sb, rec += kQ6KRecord) {
+    F16 u[R];
+    for (int m = 0; m < R; ++m) u[m] = zero();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      // the stream two records ahead, a quarter of a record (14 lines) before each quarter
+      for (int line = 896 * i; line < 896 * (i + 1); line += 64)
+        __builtin_prefetch(rec + 2 * kQ6KRecord + line, 0, kPrefetchLocality);
+      const int64_t b = 4 * sb + i;
+      const uint8_t* q = rec + kQ6KHeader + kQ6KQuarter * i;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(rec + 64 + 64 * i);  // scales of sub-blocks 4i .. 4i + 3
+      const int32_t* w = xw + 16 * b * R;
+      const int32_t* p = p16 + 4 * b * R;
+      I16 acc[R];
+      for (int m = 0; m < R; ++m) acc[m] = izero();
+      q6k_subblock<R, 0>(q, iload_i8(sc), w, p, acc);
+      q6k_subblock<R, 1>(q, iload_i8(sc + 16), w, p, acc);
+      q6k_subblock<R, 2>(q, iload_i8(sc + 32), w, p, acc);
+      q6k_subblock<R, 3>(q, iload_i8(sc + 48), w, p, acc);
+      for (int m = 0; m < R; ++m) u[m] = fma(to_float(acc[m]), set1(xs[b * R + m]), u[m]);
+    }
+    const F16 d = half16(reinterpret_cast<const uint16_t*>(rec));
+    for (int m = 0; m < R; ++m) t[m] = fma(u[m], d, t[m]);
+  }
+  const int64_t n0 = nb * kRows;
+  const int nv = valid_columns(a.N, nb);
+  for (int m = 0; m < R; ++m) store_columns(a.y, a.out_bf16, (row0 + m) * a.N + n0, plus_bias(a.bias, n0, nv, t[m]), nv);
+}
+
 using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
 constexpr auto kInt8Fns = rows_table<kChunk>([](auto r) { return &int8_rows<decltype(r)::value>; });
 constexpr auto kQ4KFns = rows_table<kChunk>([](auto r) { return &q4k_rows<decltype(r)::value>; });
+constexpr auto kQ6KFns = rows_table<kChunk>([](auto r) { return &q6k_rows<decltype(r)::value>; });
 
 // Every row, kChunk at a time (then the rest) over the same weight block.
 template <typename Table>
@@ -265,6 +345,8 @@ int vector_chunk_rows() { return kChunk; }
 void w8a8_linear_vec(const W8A8Args& a, int64_t begin, int64_t end) { by_chunks(a, begin, end, kInt8Fns); }
 
 void q4k_linear_vec(const W8A8Args& a, int64_t begin, int64_t end) { by_chunks(a, begin, end, kQ4KFns); }
+
+void q6k_linear_vec(const W8A8Args& a, int64_t begin, int64_t end) { by_chunks(a, begin, end, kQ6KFns); }
 
 void bf16_linear_vec(const Bf16Args& a, int64_t begin, int64_t end) {
   const Tiling tile = a.M <= kFewRows.rows ? kFewRows : kManyRows;

@@ -81,6 +81,79 @@ void q4k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, i
   }
 }
 
+namespace {
+
+// The 256 6-bit codes (0..63) of one GGUF block_q6_K, in input order (dequantize_row_q6_K,
+// ggml-quants.c: input 128 h + 32 c + l takes its low 4 bits from ql[64 h + l + 32 (c & 1)], the
+// high nibble for c >= 2, and its top 2 from bits 2c, 2c + 1 of qh[32 h + l]).
+void q6k_codes_of(const uint8_t* blk, uint8_t* codes) {
+  const uint8_t *ql = blk, *qh = blk + 128;
+  for (int h = 0; h < 2; ++h)
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t low = ql[64 * h + l + 32 * (c & 1)];
+        codes[128 * h + 32 * c + l] = static_cast<uint8_t>(((c >= 2 ? low >> 4 : low) & 0x0F) |
+                                                           (((qh[32 * h + l] >> (2 * c)) & 3) << 4));
+      }
+}
+
+}  // namespace
+
+void q6k_pack(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* packed, int64_t begin, int64_t end) {
+  const int64_t nsb = k / 256;
+  uint8_t codes[256];
+  for (int64_t nb = begin; nb < end; ++nb)
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      uint8_t* rec = packed + (nb * nsb + sb) * kQ6KRecord;
+      std::memset(rec, 0, kQ6KRecord);
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = nb * kRows + r;
+        if (row >= n) break;  // padding rows stay zero
+        const uint8_t* blk = blocks + (row * nsb + sb) * kQ6KBlock;
+        std::memcpy(rec + 2 * r, blk + 208, 2);                                // d
+        for (int j = 0; j < 16; ++j) rec[64 + 16 * j + r] = blk[192 + j];    // sc
+        q6k_codes_of(blk, codes);
+        for (int i = 0; i < 4; ++i) {
+          uint8_t* q = rec + kQ6KHeader + kQ6KQuarter * i;
+          const uint8_t* c = codes + 64 * i;
+          for (int g = 0; g < 8; ++g)
+            for (int j = 0; j < 4; ++j)
+              q[64 * g + 4 * r + j] = static_cast<uint8_t>((c[4 * g + j] & 0x0F) | ((c[32 + 4 * g + j] & 0x0F) << 4));
+          for (int g = 0; g < 4; ++g)
+            for (int j = 0; j < 4; ++j) {
+              uint8_t top = 0;
+              for (int sub = 0; sub < 4; ++sub) top |= static_cast<uint8_t>((c[16 * sub + 4 * g + j] >> 4) << (2 * sub));
+              q[512 + 64 * g + 4 * r + j] = top;
+            }
+        }
+      }
+    }
+}
+
+void q6k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, int64_t end) {
+  const int64_t nsb = k / 256;
+  for (int64_t nb = begin; nb < end; ++nb)
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* rec = packed + (nb * nsb + sb) * kQ6KRecord;
+      for (int r = 0; r < kRows; ++r) {
+        uint16_t half;
+        std::memcpy(&half, rec + 2 * r, 2);
+        const float d = vec::half_to_float(half);
+        float* row = w + (nb * kRows + r) * k + sb * 256;
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t* q = rec + kQ6KHeader + kQ6KQuarter * i;
+          for (int e = 0; e < 64; ++e) {  // input 64 i + e
+            const int g = (e % 32) / 4, j = e % 4, sub = e / 16;
+            const uint8_t nib = q[64 * g + 4 * r + j], top = q[512 + 64 * ((e % 16) / 4) + 4 * r + j];
+            const int code = ((e >= 32 ? nib >> 4 : nib) & 0x0F) | (((top >> (2 * sub)) & 3) << 4);
+            const int sc = static_cast<int8_t>(rec[64 + 16 * (4 * i + sub) + r]);
+            row[64 * i + e] = d * static_cast<float>(sc * (code - 32));  // sc (q - 32): 13 bits, d x it exact
+          }
+        }
+      }
+    }
+}
+
 // bf16 [n, k] row-major -> packed row blocks [begin, end): bytes 4r .. 4r + 3 of group g are
 // w[16 nb + r][2g], w[16 nb + r][2g + 1].
 void bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed, int64_t begin, int64_t end) {

@@ -146,6 +146,12 @@ template <int N>
 inline I16 ishr(I16 a) {
   return {_mm512_srli_epi32(a.v, N)};
 }
+template <int N>
+inline I16 ishl(I16 a) {
+  return {_mm512_slli_epi32(a.v, N)};
+}
+inline I16 imul(I16 a, I16 b) { return {_mm512_mullo_epi32(a.v, b.v)}; }  // the low 32 bits
+inline I16 iload_i8(const int8_t* p) { return {_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
 inline F16 as_float(I16 a) { return {_mm512_castsi512_ps(a.v)}; }
 inline I16 as_int(F16 a) { return {_mm512_castps_si512(a.v)}; }
 inline I16 shl_lanes(I16 a, I16 n) { return {_mm512_sllv_epi32(a.v, n.v)}; }
@@ -281,6 +287,15 @@ VS_I2(shl_lanes, _mm256_sllv_epi32)
 template <int N>
 inline I16 ishr(I16 a) {
   return {_mm256_srli_epi32(a.lo, N), _mm256_srli_epi32(a.hi, N)};
+}
+template <int N>
+inline I16 ishl(I16 a) {
+  return {_mm256_slli_epi32(a.lo, N), _mm256_slli_epi32(a.hi, N)};
+}
+inline I16 imul(I16 a, I16 b) { return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; }
+inline I16 iload_i8(const int8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
 }
 inline F16 as_float(I16 a) { return {_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)}; }
 inline I16 as_int(F16 a) { return {_mm256_castps_si256(a.lo), _mm256_castps_si256(a.hi)}; }
@@ -458,6 +473,28 @@ inline I16 ishr(I16 a) {
     return a;
   }
 }
+template <int N>
+inline I16 ishl(I16 a) {
+  if constexpr (N == 0) return a;
+  else {
+    VS_Q(q) a.v[q] = vreinterpretq_s32_u32(vshlq_n_u32(vreinterpretq_u32_s32(a.v[q]), N));
+    return a;
+  }
+}
+inline I16 imul(I16 a, I16 b) {
+  VS_Q(q) a.v[q] = vmulq_s32(a.v[q], b.v[q]);
+  return a;
+}
+inline I16 iload_i8(const int8_t* p) {
+  const int8x16_t b = vld1q_s8(p);
+  const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_s8(vget_high_s8(b));
+  I16 r;
+  r.v[0] = vmovl_s16(vget_low_s16(lo));
+  r.v[1] = vmovl_s16(vget_high_s16(lo));
+  r.v[2] = vmovl_s16(vget_low_s16(hi));
+  r.v[3] = vmovl_s16(vget_high_s16(hi));
+  return r;
+}
 inline F16 as_float(I16 a) {
   F16 r;
   VS_Q(q) r.v[q] = vreinterpretq_f32_s32(a.v[q]);
@@ -622,6 +659,20 @@ template <int N>
 inline I16 ishr(I16 a) {
   VS_LANES(i) a.x[i] = static_cast<int32_t>(static_cast<uint32_t>(a.x[i]) >> N);
   return a;
+}
+template <int N>
+inline I16 ishl(I16 a) {
+  VS_LANES(i) a.x[i] = static_cast<int32_t>(static_cast<uint32_t>(a.x[i]) << N);
+  return a;
+}
+inline I16 imul(I16 a, I16 b) {  // the low 32 bits
+  VS_LANES(i) a.x[i] = static_cast<int32_t>(static_cast<uint32_t>(a.x[i]) * static_cast<uint32_t>(b.x[i]));
+  return a;
+}
+inline I16 iload_i8(const int8_t* p) {
+  I16 r;
+  VS_LANES(i) r.x[i] = p[i];
+  return r;
 }
 inline F16 as_float(I16 a) {
   F16 r;
