@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.kernels import q4k_blocks, require_kernels
+from tests.kernels import q4k_blocks, q6k_blocks, require_kernels
 from tests.unit.fake_parts import install_fake_model
 from tests.unit.tiny_gguf import TinySpec, gguf_name, write_tiny
 from verispec.config import EngineConfig, SamplingParams
@@ -33,9 +33,10 @@ Q4K = [
     for i in range(LAYERS)
     for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")
 ] + ["model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.v_proj.weight", "model.embed_tokens.weight"]
+# Stored as Q6_K (custom blocks): int8 in "int4" unless VERISPEC_Q6K=1 reads them natively.
+Q6K = ["model.layers.1.mlp.down_proj.weight"]
 OTHER_TYPES = {
     "*": "Q8_0",  # the LM head (271 rows: not a multiple of 16) and layer 0's v_proj
-    "model.layers.1.mlp.down_proj.weight": "Q5_0",
     "model.layers.0.self_attn.v_proj.weight": "F16",
 }
 PROMPTS = [list(range(5, 45)), [3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6]]
@@ -51,9 +52,12 @@ def spec(seed: int = 0) -> TinySpec:
     for i, name in enumerate(Q4K):
         n, k = shapes[name.split(".")[-2]]
         extra[gguf_name(name)] = (q4k_blocks(n, k, seed=100 * seed + i, d=2.0**-12), "Q4_K")
+    for i, name in enumerate(Q6K):
+        n, k = shapes[name.split(".")[-2]]
+        extra[gguf_name(name)] = (q6k_blocks(n, k, seed=100 * seed + 50 + i, d=2.0**-14), "Q6_K")
     return TinySpec(
         hidden=HIDDEN, heads=4, kv_heads=2, ffn=FFN, layers=LAYERS, types=OTHER_TYPES, seed=seed,
-        skip_tensors=tuple(Q4K), extra_tensors=extra,
+        skip_tensors=tuple(Q4K + Q6K), extra_tensors=extra,
     )  # fmt: skip
 
 
@@ -198,6 +202,27 @@ def test_greedy_speculative_equals_plain_greedy(
     assert 0 < accepted < drafted or draft == "fp32"  # verification both accepted and rejected
 
 
+def test_native_q6k_runs_the_files_q6k_blocks_exactly(
+    gguf_path: Path, models: dict[str, LoadedModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With VERISPEC_Q6K=1 a Q6_K tensor runs on the Q6_K kernel with the file's weights exactly,
+    in the one native call per layer, and greedy speculative decoding equals plain greedy."""
+    monkeypatch.setenv(quantized.Q6K_ENV, "1")
+    native = load_model(gguf_path, dtype="int4").model
+    gguf = GGUFModel(gguf_path)
+    name = Q6K[0].removesuffix(".weight")
+    lin, before = native.linears()[name], models["int4"].model.linears()[name]
+    assert lin.kind == "q6k" and before.kind == "int8"
+    assert torch.equal(lin.dequantize(), gguf.load(Q6K[0], torch.float32))
+    assert native._native_layers is not None and native.weight_bytes() < models["int4"].model.weight_bytes()
+    params = SamplingParams(temperature=0, max_tokens=16)
+    plain = Engine(native, None, None, EngineConfig(max_len=128, num_draft_tokens=0)).generate(PROMPTS, params)
+    drafter = make_drafter("model", draft_model=models["int8"].model, vocab_size=native.config.vocab_size, max_len=160)
+    outs = Engine(native, None, drafter, EngineConfig(max_len=128, num_draft_tokens=4)).generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [p.token_ids for p in plain]
+    assert max(recompute_gaps(native, PROMPTS[1], list(plain[1].token_ids))) == 0
+
+
 def test_prepared_models_cache_the_packed_weights(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gguf_path: Path
 ) -> None:
@@ -225,6 +250,14 @@ def test_prepared_models_cache_the_packed_weights(
     assert packing.cache_path(fake.folder, "int4").stat().st_mtime_ns != stamp
     from verispec.formats.convert import read_metadata
 
+    assert read_metadata(cache) == {"format": "pt", **_wanted(fake.entry.sha256)}
+    # native Q6_K is a different cache: switching VERISPEC_Q6K rebuilds it, both ways
+    monkeypatch.setenv(quantized.Q6K_ENV, "1")
+    native = load_model(fake.name, dtype="int4")
+    assert read_metadata(cache) == {"format": "pt", **_wanted(fake.entry.sha256), "q6k": "native"}
+    assert "q6k" in {lin.kind for lin in native.model.linears().values()}
+    monkeypatch.delenv(quantized.Q6K_ENV)
+    load_model(fake.name, dtype="int4")
     assert read_metadata(cache) == {"format": "pt", **_wanted(fake.entry.sha256)}
 
 

@@ -131,6 +131,26 @@ def test_q6k_computes_the_w8a8_arithmetic_on_the_exact_weights(m: int, dtype: to
         assert rel_err(y, x.double() @ w.T + (0 if b is None else b.double())) < 0.02  # (int8 activations)
 
 
+def test_q6k_projections_fuse_and_cut_bit_for_bit() -> None:
+    """Q6_K parts side by side compute what each computes alone, and a cut to some rows (a draft's
+    restricted head) computes exactly those rows of the whole."""
+    from verispec.kernels import Q6KLinear
+    from verispec.kernels.linear import fuse_linears, select_rows
+
+    gen = torch.Generator().manual_seed(5)
+    parts = [
+        Q6KLinear.from_blocks(q6k_blocks(n, 512, seed=n), n, 512, torch.randn(n, generator=gen)) for n in (32, 16, 21)
+    ]
+    fused = fuse_linears(parts)
+    assert isinstance(fused, Q6KLinear)
+    x = torch.randn(3, 512, generator=gen).to(torch.bfloat16)
+    assert torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1))
+    ids = torch.tensor([20, 0, 17, 5, 31, 16, 2])
+    cut = select_rows(parts[0], ids)
+    assert isinstance(cut, Q6KLinear) and torch.equal(cut(x), parts[0](x)[:, ids])
+    assert torch.equal(cut.dequantize(), parts[0].dequantize()[ids])
+
+
 def test_q6k_refuses_what_it_cannot_take() -> None:
     from verispec.kernels import Q6KLinear
 

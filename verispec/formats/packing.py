@@ -24,7 +24,7 @@ from verispec.errors import ConfigError
 from verispec.formats.files import ProgressFn, locked
 from verispec.formats.gguf import GGUFModel
 from verispec.models.config import ModelConfig
-from verispec.models.quantized import PACK_FORMAT, choose_kind, linear_specs
+from verispec.models.quantized import PACK_FORMAT, choose_kind, linear_specs, native_q6k
 
 logger = logging.getLogger(__name__)
 
@@ -70,13 +70,15 @@ def plan(source: WeightSource, config: ModelConfig, precision: str) -> dict[str,
 
 def _layout(config: ModelConfig, kinds: Mapping[str, str]) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
     """(name, dtype, shape) of every tensor the packed projections consist of, in writing order."""
-    from verispec.kernels.linear import ROWS, q4k_packed_numel
+    from verispec.kernels.linear import ROWS, q4k_packed_numel, q6k_packed_numel
 
     entries: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
     for s in linear_specs(config):
         kind, rows = kinds[s.prefix], -(-s.out_features // ROWS) * ROWS
         if kind == "q4k":
             entries.append((s.prefix + ".q4k", torch.uint8, (q4k_packed_numel(s.out_features, s.in_features),)))
+        elif kind == "q6k":
+            entries.append((s.prefix + ".q6k", torch.uint8, (q6k_packed_numel(s.out_features, s.in_features),)))
         elif kind == "int8":
             entries.append((s.prefix + ".int8", torch.int8, (rows * s.in_features,)))
             entries.append((s.prefix + ".int8_scale", torch.float32, (rows,)))
@@ -89,7 +91,7 @@ def _packed_tensors(
     source: WeightSource, config: ModelConfig, kinds: Mapping[str, str], progress: ProgressFn | None
 ) -> Iterator[tuple[str, Tensor]]:
     """The tensors of :func:`_layout`, in its order, made one projection at a time."""
-    from verispec.kernels import Int8Linear, Q4KLinear
+    from verispec.kernels import Int8Linear, Q4KLinear, Q6KLinear
 
     specs = [s for s in linear_specs(config) if kinds[s.prefix] != "dense"]
     for done, s in enumerate(specs, start=1):
@@ -100,6 +102,8 @@ def _packed_tensors(
             )
         elif kinds[s.prefix] == "q4k":  # "int4-all": requantised
             module = Q4KLinear.from_weight(source.float32(s.source), bias)
+        elif kinds[s.prefix] == "q6k":
+            module = Q6KLinear.from_blocks(source.blocks(s.source), s.out_features, s.in_features, bias)
         else:
             module = Int8Linear.from_weight(source.float32(s.source), bias)
         for name, tensor in module.state_dict().items():
@@ -130,9 +134,10 @@ def load_or_pack(
     from verispec.formats.requantize import REQUANTIZE_FORMAT
 
     path = cache_path(folder, precision)
-    wanted = {"packing": PACK_FORMAT, "precision": precision, "source_sha256": source_sha256}
+    wanted: dict[str, str | None] = {"packing": PACK_FORMAT, "precision": precision, "source_sha256": source_sha256}
     if precision == "int4-all":  # its requantised blocks change with the fit
         wanted["requantize"] = REQUANTIZE_FORMAT
+    wanted["q6k"] = "native" if native_q6k() and precision != "int8" else None  # (None: no such entry)
 
     def fresh() -> bool:
         meta = read_metadata(path)
@@ -146,7 +151,8 @@ def load_or_pack(
                 source = WeightSource(gguf=GGUFModel(gguf_path))
                 kinds = plan(source, config, precision)
                 tensors = _packed_tensors(source, config, kinds, progress)
-                write_tensors(path, _layout(config, kinds), tensors, metadata=wanted)
+                metadata = {k: v for k, v in wanted.items() if v is not None}
+                write_tensors(path, _layout(config, kinds), tensors, metadata=metadata)
                 logger.warning("packed in %.1f s", time.perf_counter() - start)
     return load_safetensors(path)
 

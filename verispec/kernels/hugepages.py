@@ -74,7 +74,7 @@ def move_to_huge_pages(model: torch.nn.Module) -> int:
     their scales and biases) on huge pages (:func:`on_huge_pages`), in place, before anything
     holds them, where ``VERISPEC_HUGE_PAGES=1`` (see the module docstring); returns the bytes
     moved (0 otherwise: the weights stay where they were loaded)."""
-    from verispec.kernels.linear import Bf16Linear, Int8Linear, Q4KLinear
+    from verispec.kernels.linear import Bf16Linear, Int8Linear, Q4KLinear, Q6KLinear
 
     if os.environ.get(HUGE_PAGES_ENV) != "1" or not sys.platform.startswith("linux"):  # (Linux's pages)
         return 0
@@ -82,7 +82,7 @@ def move_to_huge_pages(model: torch.nn.Module) -> int:
     slots = [
         (module, name)
         for module in model.modules()
-        if isinstance(module, Q4KLinear | Int8Linear | Bf16Linear)
+        if isinstance(module, Q4KLinear | Q6KLinear | Int8Linear | Bf16Linear)
         for name, buffer in module.named_buffers(recurse=False)
         if buffer is not None
     ]

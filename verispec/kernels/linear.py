@@ -437,12 +437,12 @@ def reference_bf16_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
 
 def fuse_linears(parts: list[nn.Module]) -> nn.Module | None:
     """One projection computing ``parts`` side by side (``y = cat([p(x) for p in parts], -1)``, bit
-    for bit), or None when they cannot be fused: they must be of one packed kind (bf16, int8 or
-    Q4_K) with the same input size, and all but the last must have a multiple of 16 outputs (a
+    for bit), or None when they cannot be fused: they must be of one packed kind (bf16, int8, Q4_K
+    or Q6_K) with the same input size, and all but the last must have a multiple of 16 outputs (a
     packed tensor is whole 16-row blocks, so the blocks of the parts are simply concatenated).
     Used for q/k/v and gate/up: one weight stream and one call instead of three or two."""
     kind = type(parts[0])
-    if kind not in (Bf16Linear, Int8Linear, Q4KLinear) or any(type(p) is not kind for p in parts):
+    if kind not in (Bf16Linear, Int8Linear, Q4KLinear, Q6KLinear) or any(type(p) is not kind for p in parts):
         return None
     shapes = [(int(p.out_features), int(p.in_features)) for p in parts]  # type: ignore[arg-type]
     if len({k for _, k in shapes}) != 1 or any(n % ROWS for n, _ in shapes[:-1]):
@@ -459,6 +459,8 @@ def fuse_linears(parts: list[nn.Module]) -> nn.Module | None:
     if kind is Int8Linear:
         codes, scales = (torch.cat([_buffer(p, name) for p in parts]) for name in ("int8", "int8_scale"))
         return Int8Linear(codes, scales, n, k, bias)
+    if kind is Q6KLinear:
+        return Q6KLinear(torch.cat([_buffer(p, "q6k") for p in parts]), n, k, bias)
     return Q4KLinear(torch.cat([_buffer(p, "q4k") for p in parts]), n, k, bias)
 
 
@@ -513,4 +515,37 @@ def select_rows(linear: nn.Module, ids: Tensor) -> nn.Module | None:
         h = ids.numel()
         packed = load().q4k_pack(q4k_blocks_of_rows(linear, ids).contiguous(), h, linear.packed_in_features)
         return Q4KLinear(packed, h, linear.in_features, bias)
+    if isinstance(linear, Q6KLinear):
+        return Q6KLinear(q6k_records_of_rows(linear, ids), ids.numel(), linear.in_features, bias)
     return None
+
+
+def _q6k_lane_bytes() -> tuple[Tensor, Tensor]:
+    """Where row ``r`` (lane r of 16) of a packed Q6_K record keeps its 210 bytes: at ``base + r *
+    stride`` (its d: 2 bytes at 2r; its 16 scales at 64 + 16j + r; its codes: 4 bytes at 4r of
+    each of the 48 groups of 64 bytes; csrc/common.h)."""
+    base = [0, 1] + [64 + 16 * j for j in range(16)]
+    stride = [2, 2] + [1] * 16
+    for group in range(48):
+        start = 320 + 64 * group
+        base += [start + c for c in range(4)]
+        stride += [4] * 4
+    return torch.tensor(base), torch.tensor(stride)
+
+
+def q6k_records_of_rows(linear: Q6KLinear, ids: Tensor) -> Tensor:
+    """Packed Q6_K records of rows ``ids`` of ``linear`` (in that order), byte for byte its own:
+    each row's bytes move from its lane of its records to its new lane."""
+    base, stride = _q6k_lane_bytes()  # [210]
+    nsb, h = linear.in_features // Q4K_SUPER, ids.numel()
+    old = linear.q6k.view(-1, nsb, Q6K_RECORD_BYTES)  # [blocks, super-blocks, bytes]
+    lanes = base + (ids % ROWS)[:, None] * stride  # [H, 210]
+    rows = old[(ids // ROWS)[:, None, None], torch.arange(nsb)[None, :, None], lanes[:, None, :]]  # [H, S, 210]
+    new = torch.zeros(_row_blocks(h), nsb, Q6K_RECORD_BYTES, dtype=torch.uint8)
+    at = torch.arange(h)
+    new[
+        (at // ROWS)[:, None, None],
+        torch.arange(nsb)[None, :, None],
+        (base + (at % ROWS)[:, None] * stride)[:, None, :],
+    ] = rows
+    return new.reshape(-1)

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 # Up to this many rows, CPU matmuls run as ``weight @ x.T`` (see dense_linear).
 SKINNY_ROWS = 64
 #: State-dict suffixes of packed projections, and the kind each one marks.
-PACKED_SUFFIXES = {"q4k": "q4k", "int8": "int8", "int8_scale": "int8", "bf16": "bf16"}
+PACKED_SUFFIXES = {"q4k": "q4k", "q6k": "q6k", "int8": "int8", "int8_scale": "int8", "bf16": "bf16"}
 
 
 @runtime_checkable
@@ -107,7 +107,7 @@ def packed_prefixes(state_dict: Mapping[str, Tensor]) -> dict[str, str]:
 def packed_linear(prefix: str, kind: str, state_dict: Mapping[str, Tensor], out_features: int,
                   in_features: int) -> tuple[nn.Module, list[str]]:  # fmt: skip
     """The packed module the keys ``prefix.*`` of ``state_dict`` describe, and the keys it used."""
-    from verispec.kernels import Bf16Linear, Int8Linear, Q4KLinear
+    from verispec.kernels import Bf16Linear, Int8Linear, Q4KLinear, Q6KLinear
 
     bias = state_dict.get(prefix + ".bias")
     used = [prefix + ".bias"] if bias is not None else []
@@ -115,6 +115,9 @@ def packed_linear(prefix: str, kind: str, state_dict: Mapping[str, Tensor], out_
     if kind == "q4k":
         module = Q4KLinear(state_dict[prefix + ".q4k"], out_features, in_features, bias)
         used.append(prefix + ".q4k")
+    elif kind == "q6k":
+        module = Q6KLinear(state_dict[prefix + ".q6k"], out_features, in_features, bias)
+        used.append(prefix + ".q6k")
     elif kind == "bf16":
         module = Bf16Linear(state_dict[prefix + ".bf16"], out_features, in_features, bias)
         used.append(prefix + ".bf16")

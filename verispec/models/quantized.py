@@ -11,7 +11,9 @@ precision  stored as Q4_K                              stored otherwise (Q6_K, Q
 =========  ==========================================  ==========================================
 "int4"     ``q4k``: the GGUF blocks repacked, used     ``int8``: per-output-channel int8 of the
            exactly (:class:`~verispec.kernels.Q4KLinear`;  exact (dequantised fp32) weights: a SECOND
-           no second quantisation)                     rounding, for these tensors only
+           no second quantisation)                     rounding, for these tensors only (Q6_K:
+                                                       ``q6k``, its blocks used exactly, where
+                                                       ``VERISPEC_Q6K=1``; see below)
 "int4-all" ``q4k``, as for "int4"                       ``q4k`` requantised from the exact weights
                                                        (:mod:`verispec.formats.requantize`: a
                                                        second, 4-bit rounding); the LM head as
@@ -28,8 +30,15 @@ A projection whose input size is not a multiple of 32 (no GGUF K-quant or 32-blo
 stays ``dense`` bf16. Q4_K_M files keep Q6_K for the LM head and half of the ``ffn_down`` /
 ``attn_v`` tensors, so an "int4" Qwen2.5-1.5B runs 169 projections on Q4_K and 29 on int8; the
 0.5B file stores nearly everything as Q5_0 or Q8_0 (its hidden size 896 is not a multiple of
-Q4_K's 256), so there "int4" is mostly int8. A source without GGUF blocks (a Hugging Face
-folder) has no Q4_K tensors: "int4" is refused there, "int8" quantises its floating-point weights.
+Q4_K's 256), so there "int4" is mostly int8. A source without GGUF blocks (a Hugging Face folder)
+has no Q4_K tensors: "int4" is refused there, "int8" quantises its floating-point weights.
+
+Native Q6_K (``VERISPEC_Q6K=1``): the Q6_K tensors run on :class:`~verispec.kernels.Q6KLinear`,
+the file's weights exactly, 0.82 bytes per weight where their int8 streams 1.0 (the 1.5B's pass:
+983 MB instead of 1058). Exact and tested on every tier, but not the default: its kernel costs
+more per weight than int8's (6-bit codes to assemble, a scale per 16 inputs applied in integers),
+and on the CPU measured the whole int4 pass came out slower with it (1.04x at one token, 1.09-1.15x
+at 4-8; ``benchmarks/q6k_ab.py``, ``benchmarks/results/q6k_zen4.md``).
 
 Packing the weights into these layouts, and the packed-weight cache beside a prepared model, are
 :mod:`verispec.formats.packing`'s.
@@ -38,6 +47,7 @@ Packing the weights into these layouts, and the packed-weight cache beside a pre
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from verispec.errors import ConfigError
@@ -48,6 +58,15 @@ logger = logging.getLogger(__name__)
 PRECISIONS = ("int4", "int4-all", "int8")
 #: Version of the packed layouts (bump when csrc's layouts change: caches then rebuild).
 PACK_FORMAT = "verispec.packed/4"  # 4: Q4_K half records (csrc/common.h); 3: the integer-kernel layouts
+#: "1": the "int4" precision reads Q6_K tensors natively (see the module docstring)
+Q6K_ENV = "VERISPEC_Q6K"
+
+
+def native_q6k() -> bool:
+    """Whether Q6_K tensors run natively in "int4" (``VERISPEC_Q6K=1``) rather than as int8."""
+    return os.environ.get(Q6K_ENV) == "1"
+
+
 INT8_ALIGN = 32
 
 
@@ -85,12 +104,16 @@ def linear_specs(config: ModelConfig) -> list[LinearSpec]:
 
 
 def choose_kind(precision: str, stored_type: str, in_features: int, head: bool = False) -> str:
-    """ "q4k", "int8" or "dense" for a projection stored as ``stored_type`` (see the module table);
-    ``head``: it is the LM head."""
+    """ "q4k", "q6k", "int8" or "dense" for a projection stored as ``stored_type`` (see the module
+    table); ``head``: it is the LM head."""
     if precision not in PRECISIONS:
         raise ConfigError(f"quantised precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if in_features % INT8_ALIGN:
         return "dense"
     if precision != "int8" and stored_type == "Q4_K":
         return "q4k"
-    return "q4k" if precision == "int4-all" and not head else "int8"
+    if precision == "int4-all" and not head:
+        return "q4k"
+    if precision != "int8" and stored_type == "Q6_K" and in_features % 256 == 0 and native_q6k():
+        return "q6k"
+    return "int8"

@@ -365,7 +365,7 @@ class Transformer(nn.Module):
         ~12 Python calls per layer), or None when some layer's projections are not all packed and
         fused (then the Python loop runs them)."""
         from verispec.kernels import load
-        from verispec.kernels.linear import Bf16Linear, Int8Linear, Q4KLinear
+        from verispec.kernels.linear import Bf16Linear, Int8Linear, Q4KLinear, Q6KLinear
 
         ops = load()
 
@@ -378,6 +378,8 @@ class Transformer(nn.Module):
             if isinstance(module, Q4KLinear):
                 return ops.Projection(2, module.q4k, None, module.bias, module.out_features,
                                       module.packed_in_features)  # fmt: skip
+            if isinstance(module, Q6KLinear):
+                return ops.Projection(3, module.q6k, None, module.bias, module.out_features, module.in_features)
             return None
 
         layers = [layer for layer in self.model.layers if isinstance(layer, DecoderLayer)]

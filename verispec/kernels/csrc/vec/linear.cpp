@@ -171,7 +171,6 @@ inline __attribute__((always_inline)) void q6k_codes(const uint8_t* q, I16 (&cod
 #pragma GCC unroll 4
   for (int g = 0; g < 4; ++g) {
     const I16 nib = iload(q + 64 * ((4 * S + g) & 7)), hb = iload(q + 512 + 64 * g);
-    const I16 lo = iand(S >= 2 ? ishr<4>(nib) : nib, low);
     I16 hi;
     if constexpr (S == 0)
       hi = ishl<4>(hb);
@@ -181,7 +180,7 @@ inline __attribute__((always_inline)) void q6k_codes(const uint8_t* q, I16 (&cod
       hi = hb;
     else
       hi = ishr<2>(hb);
-    code[g] = ior(lo, iand(hi, top));
+    code[g] = bitselect(low, S >= 2 ? ishr<4>(nib) : nib, iand(hi, top));  // low bits of the nibble, bits 4-5 of hi
   }
 }
 

@@ -151,6 +151,8 @@ inline I16 ishl(I16 a) {
   return {_mm512_slli_epi32(a.v, N)};
 }
 inline I16 imul(I16 a, I16 b) { return {_mm512_mullo_epi32(a.v, b.v)}; }  // the low 32 bits
+// (a & mask) | (b & ~mask), bit by bit: one VPTERNLOGD
+inline I16 bitselect(I16 mask, I16 a, I16 b) { return {_mm512_ternarylogic_epi32(mask.v, a.v, b.v, 0xCA)}; }
 inline I16 iload_i8(const int8_t* p) { return {_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
 inline F16 as_float(I16 a) { return {_mm512_castsi512_ps(a.v)}; }
 inline I16 as_int(F16 a) { return {_mm512_castps_si512(a.v)}; }
@@ -293,6 +295,10 @@ inline I16 ishl(I16 a) {
   return {_mm256_slli_epi32(a.lo, N), _mm256_slli_epi32(a.hi, N)};
 }
 inline I16 imul(I16 a, I16 b) { return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; }
+inline I16 bitselect(I16 mask, I16 a, I16 b) {  // (a & mask) | (b & ~mask), bit by bit
+  return {_mm256_or_si256(_mm256_and_si256(mask.lo, a.lo), _mm256_andnot_si256(mask.lo, b.lo)),
+          _mm256_or_si256(_mm256_and_si256(mask.hi, a.hi), _mm256_andnot_si256(mask.hi, b.hi))};
+}
 inline I16 iload_i8(const int8_t* p) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
@@ -485,6 +491,10 @@ inline I16 imul(I16 a, I16 b) {
   VS_Q(q) a.v[q] = vmulq_s32(a.v[q], b.v[q]);
   return a;
 }
+inline I16 bitselect(I16 mask, I16 a, I16 b) {  // (a & mask) | (b & ~mask), bit by bit: BSL
+  VS_Q(q) a.v[q] = vbslq_s32(vreinterpretq_u32_s32(mask.v[q]), a.v[q], b.v[q]);
+  return a;
+}
 inline I16 iload_i8(const int8_t* p) {
   const int8x16_t b = vld1q_s8(p);
   const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_s8(vget_high_s8(b));
@@ -667,6 +677,10 @@ inline I16 ishl(I16 a) {
 }
 inline I16 imul(I16 a, I16 b) {  // the low 32 bits
   VS_LANES(i) a.x[i] = static_cast<int32_t>(static_cast<uint32_t>(a.x[i]) * static_cast<uint32_t>(b.x[i]));
+  return a;
+}
+inline I16 bitselect(I16 mask, I16 a, I16 b) {  // (a & mask) | (b & ~mask), bit by bit
+  VS_LANES(i) a.x[i] = (a.x[i] & mask.x[i]) | (b.x[i] & ~mask.x[i]);
   return a;
 }
 inline I16 iload_i8(const int8_t* p) {
