@@ -215,6 +215,7 @@ void q6k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
       // the stream two records ahead, a quarter of a record (14 lines) before each quarter
       for (int line = 896 * i; line < 896 * (i + 1); line += 64)
         __builtin_prefetch(rec + 2 * kQ6KRecord + line, 0, kPrefetchLocality);
+      __asm__ volatile("" ::: "memory");  // (keeps the compiler from issuing every quarter's at once)
       const int64_t b = 4 * sb + i;
       const uint8_t* q = rec + kQ6KHeader + kQ6KQuarter * i;
       const int8_t* sc = reinterpret_cast<const int8_t*>(rec + 64 + 64 * i);  // scales of sub-blocks 4i .. 4i + 3
