@@ -302,8 +302,6 @@ class ModelDrafter:
         # logits, a point mass, so the draft carries no laws (Draft.probs None: what the rules
         # take for point masses) and none are built.
         point = bool(rows) and all(batch.params[b].greedy and not batch.params[b].logit_bias for b in rows)
-        # (each position zeroed when it is drafted: a stop may end every draft well before k_max)
-        laws = torch.empty((n, k_max, self.vocab_size), dtype=torch.float32, device=self.model.device)
         states = [self._get(batch.request_ids[b]) for b in rows]
         for b, state in zip(rows, states, strict=True):
             if state.fed + max_tokens[b] > self.max_len:
@@ -312,6 +310,9 @@ class ModelDrafter:
             state.context_at_propose = len(state.context)
         histories = self._histories(batch, rows, states)
         point = point and histories is None  # (penalties move the mode)
+        # (each position zeroed when it is drafted: a stop may end every draft well before k_max)
+        device = self.model.device
+        laws = None if point else torch.empty((n, k_max, self.vocab_size), dtype=torch.float32, device=device)
         # laws on the head's ids alone (module docstring) unless a row's penalties or biases need the whole row
         narrow = self._head_ids is not None and histories is None and not any(batch.params[b].logit_bias for b in rows)
         drafted: dict[int, list[int]] = {b: [] for b in rows}
@@ -350,18 +351,18 @@ class ModelDrafter:
             ends: set[int] = set()  # rows whose draft the policy's stop ends here
             if batch.stop is not None:
                 ends = self._stops(batch, [rows[j] for j in active], i + 1, logits, law, picked)
-            if law is not None:
+            if laws is not None:
                 laws[:, i].zero_()
             if narrow:
                 assert columns is not None
                 picked = columns[picked]
-                if law is not None:
+                if laws is not None and law is not None:
                     laws[:, i].index_copy_(1, columns, self._scatter_rows(law, [rows[j] for j in active], n))
             tokens = picked.tolist()  # host: the next feed
             for a, j in enumerate(active):
                 b = rows[j]
                 ids[b, i] = tokens[a]
-                if not narrow and law is not None:
+                if not narrow and laws is not None and law is not None:
                     laws[b, i] = law[a]
                 drafted[b].append(tokens[a])
                 pieces[j] = [tokens[a]]
@@ -371,7 +372,7 @@ class ModelDrafter:
             state.last_k = len(drafted[b])
         num = torch.tensor([len(drafted.get(b, [])) for b in range(n)], dtype=torch.long)
         width = int(num.max()) if n else 0  # the longest draft (positions past it were never drafted)
-        return Draft(ids[:, :width], num, None if point else laws[:, :width])
+        return Draft(ids[:, :width], num, None if laws is None else laws[:, :width])
 
     @staticmethod
     def _without_mode(logits: Tensor) -> list[int]:
