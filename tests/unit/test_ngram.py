@@ -111,8 +111,6 @@ def test_composite_lookup_runs_to_the_budget_and_the_model_keeps_the_scheduled_l
     lookup's draft within its budget (the model's drafts were not worth their passes, a lookup
     costs none), and nothing without one; without budgets (a fixed K) the scheduled length holds
     for both."""
-    import torch
-
     from verispec.certify.tiny import tiny_pair
     from verispec.drafters.composite import CompositeDrafter
     from verispec.drafters.model import ModelDrafter
