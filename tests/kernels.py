@@ -165,19 +165,16 @@ def q6k_reference(x: torch.Tensor, blocks: np.ndarray, n: int, k: int, bias: tor
     """The arithmetic of :class:`verispec.kernels.Q6KLinear` in plain torch: ``x`` ``[M, k]``
     quantised per block of 64 inputs (:func:`w8a8_quantize_reference`); per block ``b`` the exact
     integer ``I = sum_j sc_j (p_j . q_j - 32 sum p_j)`` over its four 16-input sub-blocks, then in
-    fp32 ``u = fma(I, sx_b, u)`` within a super-block (from 0), ``t = fma(u, d, t)``, ``y = t + bias``
-    in ``x``'s dtype."""
+    fp32 ``t = fma(I, sx_b * d, t)`` (``d`` of the block's super-block), ``y = t + bias`` in ``x``'s
+    dtype."""
     codes, sc, d = q6k_factors(blocks, n, k)
     q, xscale = w8a8_quantize_reference(x)
     qi = q.to(torch.int64)
     t = torch.zeros(x.shape[0], n)
-    for s in range(k // 256):
-        u = torch.zeros(x.shape[0], n)
-        for b in range(4 * s, 4 * s + 4):
-            total = torch.zeros(x.shape[0], n, dtype=torch.int64)
-            for j in range(4 * b, 4 * b + 4):
-                p = qi[:, 16 * j : 16 * j + 16]
-                total += sc[:, j] * (p @ codes[:, 16 * j : 16 * j + 16].T - 32 * p.sum(1, keepdim=True))
-            u = fma(total.to(torch.float32), xscale[:, b, None], u)
-        t = fma(u, d[:, s], t)
+    for b in range(k // 64):
+        total = torch.zeros(x.shape[0], n, dtype=torch.int64)
+        for j in range(4 * b, 4 * b + 4):
+            p = qi[:, 16 * j : 16 * j + 16]
+            total += sc[:, j] * (p @ codes[:, 16 * j : 16 * j + 16].T - 32 * p.sum(1, keepdim=True))
+        t = fma(total.to(torch.float32), xscale[:, b, None] * d[:, b // 4], t)
     return (t if bias is None else t + bias.to(torch.float32)).to(x.dtype)

@@ -205,8 +205,8 @@ void q4k_half_record() {
   }
 }
 
-// A Q6_K matrix: the packer, the exact dequantiser and the kernel at 1 to 21 rows, the 16-input
-// sums interleaved as bindings.cpp's q6k_matmul makes them.
+// A Q6_K matrix: the packer, the exact dequantiser and the kernel at 1 to 21 rows, 32 x the
+// 16-input sums interleaved as bindings.cpp's q6k_matmul makes them.
 void q6k() {
   const int64_t n = 40, k = 512, nb = (n + kRows - 1) / kRows;
   std::vector<uint8_t> blocks(n * (k / 256) * kQ6KBlock);
@@ -228,7 +228,7 @@ void q6k() {
     std::vector<int32_t> sums(2 * m * (k / 16));
     for (int64_t r = 0; r < m; ++r)
       for (int64_t j = 0; j < k / 16; ++j)
-        for (int c = 0; c < 16; ++c) sums[r * (k / 16) + j] += z.a.xq[r * k + 16 * j + c];
+        for (int c = 0; c < 16; ++c) sums[r * (k / 16) + j] += 32 * z.a.xq[r * k + 16 * j + c];
     W8A8Args a = z.a;
     a.xsum16_rows = sums.data();
     if (m > 1) {

@@ -179,8 +179,8 @@ class Q6KLinear(nn.Module):
     Numerics (``csrc/common.h``, ``csrc/vec/linear.cpp``; the same bits on every tier, amx
     included, which runs the vector kernels): per block of 64 inputs, the integer
     ``I = sum_j sc_j * (p . q_j - 32 * sum p_j)`` over its four 16-input sub-blocks is exact; then in
-    fp32, with fused multiply-adds, ``u = fma(I, scale_x, u)`` block by block within a super-block
-    of 256 inputs (from 0), ``t = fma(u, d, t)`` super-block by super-block, and ``y = t + bias``.
+    fp32 ``t = fma(I, scale_x * d, t)`` block by block (``d`` of the block's super-block, the product
+    rounded once), and ``y = t + bias``.
     A Q6_K weight is 0.82 bytes (210 per 256) where the int8 requantisation of the same tensor is
     one byte and a second rounding. :meth:`dequantize` returns the weights exactly.
 

@@ -37,8 +37,8 @@ Native Q6_K (``VERISPEC_Q6K=1``): the Q6_K tensors run on :class:`~verispec.kern
 the file's weights exactly, 0.82 bytes per weight where their int8 streams 1.0 (the 1.5B's pass:
 983 MB instead of 1058). Exact and tested on every tier, but not the default: its kernel costs
 more per weight than int8's (6-bit codes to assemble, a scale per 16 inputs applied in integers),
-and on the CPU measured the whole int4 pass came out slower with it (1.04x at one token, 1.09-1.15x
-at 4-8; ``benchmarks/q6k_ab.py``, ``benchmarks/results/q6k_zen4.md``).
+and on the CPU measured the whole int4 pass came out no faster with it (0.96-1.06x the time at
+1 to 8 tokens; ``benchmarks/q6k_ab.py``, ``benchmarks/results/q6k_zen4.md``).
 
 Packing the weights into these layouts, and the packed-weight cache beside a prepared model, are
 :mod:`verispec.formats.packing`'s.

@@ -231,7 +231,7 @@ at::Tensor q6k_dequantize_packed(const at::Tensor& packed, int64_t n, int64_t k)
   return w.narrow(0, 0, n);
 }
 
-// x [M, K] quantised as for int8 (per 64 inputs), with the sums of its codes over each 16 inputs
+// x [M, K] quantised as for int8 (per 64 inputs), with 32 x the sums of its codes over each 16 inputs
 // (interleaved by chunks as the other activation arrays when M > 1), times the Q6_K weights; every
 // tier runs the vector kernels (amx included).
 at::Tensor q6k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
@@ -251,7 +251,7 @@ at::Tensor q6k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
       for (int64_t j = 0; j < subs; ++j) {
         int32_t t = 0;
         for (int c = 0; c < 16; ++c) t += xq[r * k + 16 * j + c];
-        plain[r * subs + j] = t;
+        plain[r * subs + j] = 32 * t;  // (the kernels subtract 32 x the sum: the codes' offset)
       }
   });
   if (m > 1) {

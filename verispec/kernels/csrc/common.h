@@ -61,7 +61,7 @@ struct W8A8Args {
   const float* xscale_rows;
   const int32_t* xsum_rows;
   const float* xmin_rows;
-  const int32_t* xsum16_rows;  // Q6_K: [M, K / 16] sums of xq over each 16 inputs, interleaved as above; else null
+  const int32_t* xsum16_rows;  // Q6_K: [M, K / 16] 32 x the sums of xq over each 16 inputs, interleaved as above
   const float* bias;      // [N] fp32, or null
   void* y;                // [M, N] fp32 or bf16
   int64_t M, N, K;
@@ -160,9 +160,9 @@ constexpr int kQ4KVectorRows = 16;  // amx tier: calls with at most this many ro
 //               64 i + 16 s + 4 g + c at bits 2 s, 2 s + 1 (s = 0..3)
 // The arithmetic (every tier, bit for bit; xq, scale_x per 64 inputs and P16, the sums of xq over
 // each 16 inputs, from the activations): per row and quarter (activation block b), the exact
-// integer I = sum over its 4 sub-blocks j of sc_j * (sum q p - 32 P16_j); per super-block
-// u = fma(float(I_3), scale_x[b3], ... fma(float(I_0), scale_x[b0], 0)); then t = fma(u, d, t)
-// super-block by super-block from t = 0; finally y = t + bias.
+// integer I = sum over its 4 sub-blocks j of sc_j * (sum q p - 32 P16_j); then in fp32
+// t = fma(float(I), scale_x[b] * d, t) block by block from t = 0 (d: the row's of that
+// super-block; the product rounded once); finally y = t + bias.
 constexpr int kQ6KBlock = 210;     // bytes of one GGUF block_q6_K
 constexpr int kQ6KRecord = 3392;   // bytes of one packed record: 16 rows x one super-block
 constexpr int kQ6KHeader = 320;    // bytes of a record before the codes

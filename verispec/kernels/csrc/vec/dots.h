@@ -378,73 +378,65 @@ inline void q4k_pair(const uint8_t* q, const int32_t* xw, I16* s0, I16* s1) {
 #endif
 }
 
-// Q6_K: s[m] = the exact sums, lane r (weight row r), over the 4 groups of 64 bytes code[g] (byte
-// 4r + c: row r's 6-bit code 0..63 of the group's input c) times row m's activation words g at
-// xw[g * R + m] (common.h's interleaved rows). The codes are unsigned bytes below 64: VPDPBUSD and
-// VPMADDUBSW take them as they are (a pair of products at most 2 x 63 x 127 = 16002, two groups
-// 32004 in int16: no saturation), and SDOT as positive signed bytes.
+// Q6_K: the exact sums, lane r (weight row r), over the 4 groups of 64 bytes code[g] (byte 4r + c:
+// row r's 6-bit code 0..63 of the group's input c) times activation row m's words g at
+// xw[g * R + m] (common.h's interleaved rows), for one row m (the caller folds each row's sums in
+// before the next: an 8-row chunk's sums all live at once spilled registers). The codes are
+// unsigned bytes below 64: VPDPBUSD and VPMADDUBSW take them as they are (a pair of products at
+// most 2 x 63 x 127 = 16002, two groups 32004 in int16: no saturation), and SDOT as positive
+// signed bytes.
 template <int R>
-inline void u6_dots(const I16 (&code)[4], const int32_t* xw, I16* s) {
+inline I16 u6_dot(const I16 (&code)[4], const int32_t* xw, int m) {
+  I16 s;
 #if VS_VEC_AVX512
-#pragma GCC unroll 16
-  for (int m = 0; m < R; ++m) {
-    __m512i acc = _mm512_setzero_si512();
+  __m512i acc = _mm512_setzero_si512();
 #pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) dpbusd_bcast(acc, code[g].v, xw + g * R + m);
-    s[m].v = acc;
-  }
+  for (int g = 0; g < 4; ++g) dpbusd_bcast(acc, code[g].v, xw + g * R + m);
+  s.v = acc;
 #elif VS_VEC_AVX2 && defined(__AVXVNNI__)
-#pragma GCC unroll 8
-  for (int m = 0; m < R; ++m) {
-    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+  __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
 #pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) {
-      const __m256i x = _mm256_set1_epi32(xw[g * R + m]);
-      lo = _mm256_dpbusd_avx_epi32(lo, code[g].lo, x);
-      hi = _mm256_dpbusd_avx_epi32(hi, code[g].hi, x);
-    }
-    s[m].lo = lo;
-    s[m].hi = hi;
+  for (int g = 0; g < 4; ++g) {
+    const __m256i x = _mm256_set1_epi32(xw[g * R + m]);
+    lo = _mm256_dpbusd_avx_epi32(lo, code[g].lo, x);
+    hi = _mm256_dpbusd_avx_epi32(hi, code[g].hi, x);
   }
+  s.lo = lo;
+  s.hi = hi;
 #elif VS_VEC_AVX2
   const __m256i ones = _mm256_set1_epi16(1);
-#pragma GCC unroll 8
-  for (int m = 0; m < R; ++m) {
-    const __m256i x0 = _mm256_set1_epi32(xw[m]), x1 = _mm256_set1_epi32(xw[R + m]);
-    const __m256i x2 = _mm256_set1_epi32(xw[2 * R + m]), x3 = _mm256_set1_epi32(xw[3 * R + m]);
-    auto half = [&](__m256i c0, __m256i c1, __m256i c2, __m256i c3) {
-      const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0), _mm256_maddubs_epi16(c1, x1));
-      const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(c2, x2), _mm256_maddubs_epi16(c3, x3));
-      return _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
-    };
-    s[m].lo = half(code[0].lo, code[1].lo, code[2].lo, code[3].lo);
-    s[m].hi = half(code[0].hi, code[1].hi, code[2].hi, code[3].hi);
-  }
+  const __m256i x0 = _mm256_set1_epi32(xw[m]), x1 = _mm256_set1_epi32(xw[R + m]);
+  const __m256i x2 = _mm256_set1_epi32(xw[2 * R + m]), x3 = _mm256_set1_epi32(xw[3 * R + m]);
+  auto half = [&](__m256i c0, __m256i c1, __m256i c2, __m256i c3) {
+    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0), _mm256_maddubs_epi16(c1, x1));
+    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(c2, x2), _mm256_maddubs_epi16(c3, x3));
+    return _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
+  };
+  s.lo = half(code[0].lo, code[1].lo, code[2].lo, code[3].lo);
+  s.hi = half(code[0].hi, code[1].hi, code[2].hi, code[3].hi);
 #elif VS_VEC_NEON
-#pragma GCC unroll 16
-  for (int m = 0; m < R; ++m)
 #pragma GCC unroll 4
-    for (int q = 0; q < 4; ++q) {
-      int32x4_t acc = vdupq_n_s32(0);
+  for (int q = 0; q < 4; ++q) {
+    int32x4_t acc = vdupq_n_s32(0);
 #pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g)
-        acc = vdotq_s32(acc, vreinterpretq_s8_s32(code[g].v[q]), vreinterpretq_s8_s32(vld1q_dup_s32(xw + g * R + m)));
-      s[m].v[q] = acc;
-    }
+    for (int g = 0; g < 4; ++g)
+      acc = vdotq_s32(acc, vreinterpretq_s8_s32(code[g].v[q]), vreinterpretq_s8_s32(vld1q_dup_s32(xw + g * R + m)));
+    s.v[q] = acc;
+  }
 #else
-  for (int m = 0; m < R; ++m)
-    for (int r = 0; r < 16; ++r) {
-      int32_t t = 0;
-      for (int g = 0; g < 4; ++g) {
-        uint8_t c[4];
-        int8_t p[4];
-        std::memcpy(c, &code[g].x[r], 4);
-        std::memcpy(p, xw + g * R + m, 4);
-        for (int j = 0; j < 4; ++j) t += c[j] * p[j];
-      }
-      s[m].x[r] = t;
+  for (int r = 0; r < 16; ++r) {
+    int32_t t = 0;
+    for (int g = 0; g < 4; ++g) {
+      uint8_t c[4];
+      int8_t p[4];
+      std::memcpy(c, &code[g].x[r], 4);
+      std::memcpy(p, xw + g * R + m, 4);
+      for (int j = 0; j < 4; ++j) t += c[j] * p[j];
     }
+    s.x[r] = t;
+  }
 #endif
+  return s;
 }
 
 }  // namespace vec

@@ -185,16 +185,16 @@ inline __attribute__((always_inline)) void q6k_codes(const uint8_t* q, I16 (&cod
 }
 
 // acc[m] += sc_S * (sum of row m's codes x activations over sub-block S - 32 P16) for the chunk's R
-// rows; xw: the words of the quarter's first input (16 per quarter, 4 per sub-block), p16: the
-// chunk's 16-input sums from the quarter's first sub-block.
+// rows; xw: the words of the quarter's first input (16 per quarter, 4 per sub-block), p16: 32 x the
+// chunk's 16-input sums from the quarter's first sub-block (premultiplied: one broadcast operand).
 template <int R, int S>
 inline __attribute__((always_inline)) void q6k_subblock(const uint8_t* q, I16 sc, const int32_t* xw, const int32_t* p16,
                                                         I16* acc) {
-  I16 code[4], dots[R];
+  I16 code[4];
   q6k_codes<S>(q, code);
-  u6_dots<R>(code, xw + 4 * S * R, dots);
 #pragma GCC unroll 16
-  for (int m = 0; m < R; ++m) acc[m] = iadd(acc[m], imul(isub(dots[m], iset1(32 * p16[S * R + m])), sc));
+  for (int m = 0; m < R; ++m)
+    acc[m] = iadd(acc[m], imul(isub(u6_dot<R>(code, xw + 4 * S * R, m), iset1(p16[S * R + m])), sc));
 }
 
 template <int R>
@@ -208,8 +208,7 @@ void q6k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
   F16 t[R];
   for (int m = 0; m < R; ++m) t[m] = zero();
   for (int64_t sb = 0; sb < nsb; ++sb, rec += kQ6KRecord) {
-    F16 u[R];
-    for (int m = 0; m < R; ++m) u[m] = zero();
+    const F16 d = half16(reinterpret_cast<const uint16_t*>(rec));
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       // the stream two records ahead, a quarter of a record (14 lines) before each quarter
@@ -227,10 +226,10 @@ void q6k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
       q6k_subblock<R, 1>(q, iload_i8(sc + 16), w, p, acc);
       q6k_subblock<R, 2>(q, iload_i8(sc + 32), w, p, acc);
       q6k_subblock<R, 3>(q, iload_i8(sc + 48), w, p, acc);
-      for (int m = 0; m < R; ++m) u[m] = fma(to_float(acc[m]), set1(xs[b * R + m]), u[m]);
+      // (the block's scale times d, then one fused step: no second accumulator per row, which
+      // kept an 8-row chunk's 24 live vectors spilling)
+      for (int m = 0; m < R; ++m) t[m] = fma(to_float(acc[m]), mul(set1(xs[b * R + m]), d), t[m]);
     }
-    const F16 d = half16(reinterpret_cast<const uint16_t*>(rec));
-    for (int m = 0; m < R; ++m) t[m] = fma(u[m], d, t[m]);
   }
   const int64_t n0 = nb * kRows;
   const int nv = valid_columns(a.N, nb);
