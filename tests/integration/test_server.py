@@ -287,10 +287,9 @@ def test_full_queue_gets_429_and_shutdown_gets_503() -> None:
         engine.gate.clear()  # hold the requests in flight
         results: list[httpx.Response] = []
 
-        def send() -> None:
-            results.append(
-                httpx.post(f"{server.url}/v1/completions", json={"prompt": "ab", "max_tokens": 5}, timeout=60)
-            )
+        def send() -> None:  # (greedy: an unseeded sample may draw the end-of-sequence token before 5 tokens)
+            body = {"prompt": "ab", "max_tokens": 5, "temperature": 0}
+            results.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=60))
 
         threads = [threading.Thread(target=send) for _ in range(2)]
         for t in threads:

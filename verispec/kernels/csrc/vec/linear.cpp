@@ -12,6 +12,8 @@
 //          + bias and one rounding to bf16 when the output is bf16; on avx512bf16 the inputs go
 //          by pairs, k = 1, 0, 3, 2, ..., each still one FMA, with denormals as zero (VDPBF16PS)
 //
+// Q6_K's arithmetic is common.h's (exact integers per block, one fp32 step each).
+//
 // So int8 and Q4_K give the same bits on every tier, amx included (integer sums are exact in any
 // order and the fp32 steps are these), and bf16 gives the same bits on avx512, avx2, neon and portable;
 // the avx512bf16 tier's bf16 adds in VDPBF16PS's pairs (dots.h) and the amx tier's in TDPBF16PS's
@@ -226,8 +228,7 @@ void q6k_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
       q6k_subblock<R, 1>(q, iload_i8(sc + 16), w, p, acc);
       q6k_subblock<R, 2>(q, iload_i8(sc + 32), w, p, acc);
       q6k_subblock<R, 3>(q, iload_i8(sc + 48), w, p, acc);
-      // (the block's scale times d, then one fused step: no second accumulator per row, which
-      // kept an 8-row chunk's 24 live vectors spilling)
+      // (the block's scale times d, then one fused step: no second accumulator per row)
       for (int m = 0; m < R; ++m) t[m] = fma(to_float(acc[m]), mul(set1(xs[b * R + m]), d), t[m]);
     }
   }
