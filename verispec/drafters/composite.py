@@ -95,24 +95,18 @@ class CompositeDrafter:
         # as wide as the longest draft made (the model's may end before its length: BatchView.stop)
         k_max = max([model_draft.max_tokens, *(len(found) for found in lookups)], default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)
-        if model_draft.probs is None:  # the model's drafts are point masses (every row greedy), as lookups are
-            ids[:, : model_draft.max_tokens] = model_draft.token_ids
-            counts = model_draft.num_tokens.clone()
-            for row, found in enumerate(lookups):
-                if found:
-                    ids[row, : len(found)] = torch.tensor(found, dtype=torch.long)
-                    counts[row] = len(found)
-            return Draft(ids, counts)
-        laws = torch.zeros((n, k_max, self.model.vocab_size), dtype=torch.float32, device=model_draft.token_ids.device)
-        if model_draft.probs is not None:
-            laws = laws.to(model_draft.probs.device)
-            laws[:, : model_draft.max_tokens] = model_draft.probs
         ids[:, : model_draft.max_tokens] = model_draft.token_ids
         counts = model_draft.num_tokens.clone()
         for row, found in enumerate(lookups):
             if found:
                 ids[row, : len(found)] = torch.tensor(found, dtype=torch.long)
+                counts[row] = len(found)
+        if model_draft.probs is None:  # the model's drafts are point masses (every row greedy), as lookups are
+            return Draft(ids, counts)
+        laws = torch.zeros((n, k_max, self.model.vocab_size), dtype=torch.float32, device=model_draft.probs.device)
+        laws[:, : model_draft.max_tokens] = model_draft.probs
+        for row, found in enumerate(lookups):
+            if found:  # a lookup's draft: point masses at its tokens
                 laws[row, : len(found)] = 0.0
                 laws[row, torch.arange(len(found)), torch.tensor(found)] = 1.0
-                counts[row] = len(found)
         return Draft(ids, counts, laws)
