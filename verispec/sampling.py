@@ -125,6 +125,27 @@ def uniform_draws(
     return accept, final
 
 
+#: Ids per block of :func:`mode`'s first pass.
+_MODE_BLOCK = 64
+
+
+def mode(x: Tensor) -> Tensor:
+    """``x.argmax(dim=-1)`` (``[...]`` int64: the first index of each row's largest value, NaN
+    counting as the largest, as torch gives it), in two vectorised passes on the CPU: each block of
+    64 ids' largest value, then the first block holding the row's largest and the first such index
+    in it. torch's argmax over the last dimension is not vectorised there (a verification's
+    ``[5, 151936]`` rows: ~0.4 ms against ~0.07). Other devices, and rows not made of whole blocks,
+    use argmax itself."""
+    v = x.shape[-1]
+    if x.device.type != "cpu" or v % _MODE_BLOCK or v < 4 * _MODE_BLOCK:
+        return x.argmax(dim=-1)
+    lead = x.shape[:-1]
+    blocks = x.reshape(*lead, v // _MODE_BLOCK, _MODE_BLOCK)  # [..., V / 64, 64]
+    first = blocks.amax(dim=-1).argmax(dim=-1)  # [...]: amax propagates NaN as argmax ranks it
+    inside = blocks.gather(-2, first[..., None, None].expand(*lead, 1, _MODE_BLOCK)).squeeze(-2)  # [..., 64]
+    return first * _MODE_BLOCK + inside.argmax(dim=-1)
+
+
 def inverse_cdf(law: Tensor, u: Tensor) -> Tensor:
     """Sample each row of ``law`` (``[N, V]``, non-negative, need not sum to 1) with its uniform
     ``u`` (``[N]`` float64 in [0, 1)): the first token whose cumulative mass exceeds ``u * total``.
@@ -138,10 +159,10 @@ def pick(law: Tensor, u: Tensor, greedy: Tensor | None) -> Tensor:
     """``[N]`` int64: :func:`inverse_cdf` per row, or the mode (lowest id on ties) where ``greedy``
     (``[N]`` bool, or None when no row is greedy)."""
     if greedy is not None and greedy.device.type == "cpu" and bool(greedy.all()):
-        return law.argmax(dim=1)  # every row greedy (known without a device sync): no cumulative sums
+        return mode(law)  # every row greedy (known without a device sync): no cumulative sums
     token = inverse_cdf(law, u)
     if greedy is not None:
-        token = torch.where(greedy, law.argmax(dim=1), token)
+        token = torch.where(greedy, mode(law), token)
     return token
 
 
@@ -444,7 +465,7 @@ def build_laws(logits: Tensor, params: Sequence[SamplingParams], history: TokenH
     if not any_greedy:
         probs = torch.softmax(x, dim=1)
     else:  # the mode: 1 at the largest logit (the lowest id on ties), 0 elsewhere
-        probs = torch.zeros_like(x).scatter_(1, x.argmax(dim=1, keepdim=True), 1.0)
+        probs = torch.zeros_like(x).scatter_(1, mode(x).unsqueeze(1), 1.0)
         if any_sampled:  # (when every row is greedy, no softmax to take)
             probs = torch.where(rows.column(lambda p: p.greedy, torch.bool), probs, torch.softmax(x, dim=1))
     if failed:

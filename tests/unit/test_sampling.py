@@ -24,6 +24,7 @@ from verispec.sampling import (
     generator_blocks,
     inverse_cdf,
     make_generator,
+    mode,
     pick,
     sample,
     to_probs,
@@ -99,6 +100,33 @@ def test_temperature_zero_is_one_hot_on_argmax():
 
 def test_temperature_zero_ties_go_to_lowest_id():
     assert_law(probs_of([1.0, 3.0, 0.0, 3.0, 3.0], SamplingParams(temperature=0)), np.array([0, 1, 0, 0, 0.0]))
+
+
+@pytest.mark.parametrize("shape", [(5, 151936), (2, 3, 4096), (3, 256), (4, 255), (2, 100), (1, 64), (3, 1088)])
+def test_mode_is_argmax(shape):
+    """The two-pass mode equals torch's argmax bit for bit: ties (the first index), NaN (ranked
+    largest), +-inf, rows all -inf, whole blocks or not, strided views."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=gen)
+    cases = [x, x.round(), (x * 0.3).round().clamp_min(0.0), torch.zeros(shape), torch.full(shape, -INF)]
+    spiked = x.clone().reshape(-1, shape[-1])
+    n = spiked.shape[1]
+    for row in range(spiked.shape[0]):
+        kind = row % 4
+        if kind == 0:  # two equal maxima far apart
+            spiked[row, n // 3] = spiked[row, n - 1] = 50.0
+        elif kind == 1:  # NaN wins, the first one
+            spiked[row, n // 2] = spiked[row, n // 5] = float("nan")
+        elif kind == 2:  # +inf twice
+            spiked[row, n - 1] = spiked[row, n // 4] = INF
+        else:  # -inf everywhere but one
+            spiked[row] = -INF
+            spiked[row, n // 7] = -1e30
+    cases.append(spiked.reshape(shape))
+    if len(shape) == 3:
+        cases.append(x[:, :-1])  # a strided view (a verification's positions before the last)
+    for c in cases:
+        assert torch.equal(mode(c), c.argmax(dim=-1))
 
 
 def test_greedy_rows_beside_sampled_rows_equal_each_row_alone() -> None:

@@ -54,7 +54,7 @@ from torch import Tensor
 from verispec.drafters.base import BatchView
 from verispec.errors import ConfigError, InputError
 from verispec.models.protocol import LanguageModel
-from verispec.sampling import TokenHistory, build_laws, cut_vocab, sample
+from verispec.sampling import TokenHistory, build_laws, cut_vocab, mode, sample
 from verispec.verify.base import PAD_ID, Draft
 
 #: Most ids outside a restricted head that one request's context adds to its draft law (the first seen).
@@ -347,7 +347,7 @@ class ModelDrafter:
                 active = [active[a] for a in ok]
                 if not active:
                     break
-            picked = logits.argmax(dim=1) if law is None else sample(law, [batch.generators[rows[j]] for j in active])
+            picked = mode(logits) if law is None else sample(law, [batch.generators[rows[j]] for j in active])
             ends: set[int] = set()  # rows whose draft the policy's stop ends here
             if batch.stop is not None:
                 ends = self._stops(batch, [rows[j] for j in active], i + 1, logits, law, picked)

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from verispec.sampling import greedy_mask, pick, uniform_draws
+from verispec.sampling import greedy_mask, mode, pick, uniform_draws
 from verispec.verify.base import Draft, Verdict, assemble, check_inputs, gather_at
 
 
@@ -88,7 +88,7 @@ class BlockRule:
         tau = torch.where(hit, pos + 1, 0).amax(dim=1) if k > 0 else torch.zeros(batch, dtype=torch.long, device=device)
 
         if greedy is not None:  # greedy rows: the longest prefix equal to the target's argmax
-            match = (ids == target_probs[:, :-1].argmax(dim=2)) & valid
+            match = (ids == mode(target_probs[:, :-1])) & valid
             tau = torch.where(greedy, match.to(torch.int64).cumprod(dim=1).sum(dim=1), tau)
 
         b_tau = target_probs[rows, tau]  # [B, V]

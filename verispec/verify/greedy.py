@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from verispec.sampling import mode
 from verispec.verify.base import Draft, Verdict, assemble, check_inputs
 from verispec.verify.tree import walk
 
@@ -38,9 +39,9 @@ class GreedyRule:
             return walk(draft, target_probs, [None] * draft.batch_size, "fixed")
         check_inputs(draft, target_probs, generators, check_values=self.check_values)
         k = draft.token_ids.shape[1]
-        mode = target_probs.argmax(dim=2)  # [B, K + 1]
-        valid = torch.arange(k, device=mode.device).unsqueeze(0) < draft.num_tokens.unsqueeze(1)
-        accept = (draft.token_ids == mode[:, :k]) & valid  # [B, K]
+        modes = mode(target_probs)  # [B, K + 1]
+        valid = torch.arange(k, device=modes.device).unsqueeze(0) < draft.num_tokens.unsqueeze(1)
+        accept = (draft.token_ids == modes[:, :k]) & valid  # [B, K]
         num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
-        final = mode.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [B]
+        final = modes.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [B]
         return Verdict(assemble(draft.token_ids, num_accepted, final), num_accepted)

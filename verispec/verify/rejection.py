@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from verispec.sampling import greedy_mask, pick, uniform_draws
+from verispec.sampling import greedy_mask, mode, pick, uniform_draws
 from verispec.verify.base import Draft, Verdict, assemble, check_inputs, gather_at
 from verispec.verify.tree import walk
 
@@ -65,16 +65,24 @@ class RejectionRule:
 
         valid = torch.arange(k, device=device).unsqueeze(0) < num.unsqueeze(1)  # [B, K]
         target_at_draft = self._target_at_draft(target_probs)  # [B, K, V]
+        rows = torch.arange(batch, device=device)
+        if greedy is not None and greedy.device.type == "cpu" and bool(greedy.all()):
+            # Every row greedy (known without a device sync): the verdict is the target's modes
+            # alone, as below (a draft token stands iff it is its position's mode; the final token
+            # is the mode where the chain stops), without the residual and bonus laws of V ids.
+            accept = (ids == mode(target_at_draft)) & valid  # [B, K]
+            num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
+            final = mode(target_probs[rows, num_accepted])  # [B]
+            return Verdict(assemble(ids, num_accepted, final), num_accepted)
         p_x = gather_at(target_at_draft, ids)  # [B, K] f64
         q_x = gather_at(draft.probs, ids) if draft.probs is not None else torch.ones_like(p_x)
         accept = self._accept(u, p_x, q_x)  # [B, K] bool
         if greedy is not None:
-            mode_match = ids == target_at_draft.argmax(dim=2)
+            mode_match = ids == mode(target_at_draft)
             accept = torch.where(greedy.unsqueeze(1), mode_match, accept)
         accept = accept & valid
         num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
 
-        rows = torch.arange(batch, device=device)
         p_n = target_probs[rows, num_accepted]  # [B, V]: target law at the first unaccepted position
         law = p_n
         if k > 0:

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import ConfigError
-from verispec.sampling import greedy_mask, pick, uniform_draws
+from verispec.sampling import greedy_mask, mode, pick, uniform_draws
 from verispec.verify.base import PAD_ID, Draft, Verdict, check_inputs
 
 
@@ -105,7 +105,7 @@ def walk(
     # the chain rule's max(0, p - q) bit for bit); its mass Z is 1 for a target law as given
     resid = target_probs[:, 0]
     mass = torch.ones(batch, dtype=torch.float64, device=device)
-    mode = target_probs[:, 0].argmax(dim=1)  # [B] the target's argmax at cur (greedy rows)
+    modes = mode(target_probs[:, 0])  # [B] the target's argmax at cur (greedy rows)
     q_cur: Tensor | None = None  # [B, V] f64, "distinct": the draft law at cur less the rejected
     q_mass = torch.ones(batch, dtype=torch.float64, device=device)
     fresh = torch.ones(batch, dtype=torch.bool, device=device)  # no child of cur tried yet
@@ -131,7 +131,7 @@ def walk(
             if kind == "distinct":  # a later sibling the draft law no longer holds (its support ran
                 tried = tried & (fresh | (q_x > 0) | ~sampled)  # out): not a draw without replacement, skipped
         accept_s = (q_x > 0) & (u[:, j] * q_x * mass < r_x * q_z)
-        accept = torch.where(sampled, accept_s, x == mode) & tried  # [B]
+        accept = torch.where(sampled, accept_s, x == modes) & tried  # [B]
         reject = tried & ~accept & sampled
         fresh = fresh & ~tried
         if bool(reject.any()) and not keep_rejected_mass:
@@ -150,7 +150,7 @@ def walk(
             at = target_probs[:, j + 1]
             resid = torch.where(accept.unsqueeze(1), at, resid)
             mass = torch.where(accept, 1.0, mass)
-            mode = torch.where(accept, at.argmax(dim=1), mode)
+            modes = torch.where(accept, mode(at), modes)
             path[rows, depth.clamp_max(k - 1)] = torch.where(accept, j, path[rows, depth.clamp_max(k - 1)])
             depth = depth + accept.to(torch.long)
             cur = torch.where(accept, j, cur)
