@@ -1,15 +1,16 @@
 """What does one draft token cost, and where does the time go?
 
-The default pair at the machine's defaults, greedy: the model drafter proposes ``--k`` tokens
-after a short code prompt, ``--rounds`` times (nothing accepted: the draft cache goes back and one
-token is committed each round, so the context stays ~the same). Per draft token, medians over the
-rounds: the whole proposal, the native decoder layers, the Python of the forward pass around them
-(cache plan, masks, RoPE, embedding), the restricted LM head, and the rest of the proposal (laws,
-sampling, bookkeeping). To compare two versions of the Python, run it from two checkouts in turn
-(``PYTHONPATH=OTHER_CHECKOUT python benchmarks/draft_step.py``): the host's speed moves by 20-30%
-from minute to minute, so alternate them and compare the parts, not one run against another.
+The default pair at the machine's defaults, greedy (or sampled: ``--temperature``, ``--top-p``):
+the model drafter proposes ``--k`` tokens after a short code prompt, ``--rounds`` times (nothing
+accepted: the draft cache goes back and one token is committed each round, so the context stays
+~the same). Per draft token, medians over the rounds: the whole proposal, the native decoder
+layers, the Python of the forward pass around them (cache plan, masks, RoPE, embedding), the
+restricted LM head, and the rest of the proposal (laws, sampling, bookkeeping). To compare two
+versions of the Python, run it from two checkouts in turn (``PYTHONPATH=OTHER_CHECKOUT python
+benchmarks/draft_step.py``): the host's speed moves by 20-30% from minute to minute, so alternate
+them and compare the parts, not one run against another.
 
-    python benchmarks/draft_step.py [--k 4] [--rounds 80] [--json out.json]
+    python benchmarks/draft_step.py [--k 4] [--rounds 80] [--temperature 0.7 --top-p 0.95] [--json out.json]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import verispec
 from verispec.config import SamplingParams
 from verispec.drafters.base import BatchView
 from verispec.pipeline import build, machine_defaults
+from verispec.sampling import make_generator
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 PROMPT = "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n    pivot = arr[len(arr) // 2]\n"
@@ -52,6 +54,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=80)
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled drafts (laws built and drawn from)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     picked = machine_defaults(TARGET, DRAFT, "cpu")
@@ -70,13 +74,14 @@ def main() -> None:
         drafter._head_module.forward = timed(drafter._head_module.forward, head)
     context = list(pipe.target.tokenizer.encode(PROMPT))
     drafter.begin("r", context)
-    greedy = SamplingParams(temperature=0)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=0)
+    generator = None if params.greedy else make_generator(0)
     proposals = []
     for _ in range(args.rounds + 1):
         for times in (native, forward, head):
             times.clear()
         start = time.perf_counter()
-        drafter.propose(BatchView(["r"], [greedy], [None]), [args.k])
+        drafter.propose(BatchView(["r"], [params], [generator]), [args.k])
         whole = time.perf_counter() - start
         drafter.observe("r", [0])  # nothing accepted: the cache goes back
         context.append(context[-1])  # and one token is committed
@@ -88,12 +93,14 @@ def main() -> None:
         for i, name in enumerate(("draft token", "native layers", "forward's Python", "restricted head"))
     }
     ms["laws, sampling, rest"] = ms["draft token"] - sum(v for k, v in ms.items() if k != "draft token")
-    print(f"verispec from {Path(verispec.__file__).parent.parent}, K = {args.k}, {args.rounds} proposals")
+    law = "greedy" if params.greedy else f"temperature {args.temperature}, top_p {args.top_p}"
+    print(f"verispec from {Path(verispec.__file__).parent.parent}, K = {args.k}, {args.rounds} proposals, {law}")
     for name, value in ms.items():
         print(f"  {name:22s} {value:6.2f} ms")
     if args.json is not None:
         source = str(Path(verispec.__file__).parent)
-        out = {"k": args.k, "rounds": args.rounds, "verispec": source, "ms_per_draft_token": ms}
+        out = {"k": args.k, "rounds": args.rounds, "temperature": args.temperature, "top_p": args.top_p,
+               "verispec": source, "ms_per_draft_token": ms}  # fmt: skip
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -7,6 +7,9 @@ so it is estimated as ``weight bytes / measured memory read bandwidth`` (bandwid
 in the same run, by summing a ~1 GiB tensor with the same thread count). The ratio
 ``rule time / decode step time`` is the fraction of a step spent on verification.
 
+Also a greedy step (generator None, laws that are point masses on the modes), as ``verispec generate``
+runs by default.
+
 Run:  python benchmarks/verify_overhead.py [--threads 2] [--repeats 15] [--batch 8 --k 8 --vocab 151936]
 """
 
@@ -101,14 +104,19 @@ def main() -> None:
 
     n = b * (k + 1)
     cases: list[tuple[str, Callable[[], object]]] = []
-    for checked in (True, False):
-        rule = RejectionRule(check_values=checked)
+    rules = [RejectionRule(check_values=True), RejectionRule(check_values=False)]
+    for checked, rule in zip((True, False), rules, strict=True):
         tag = "checked" if checked else "check_values=False"
         for what, draft in (("model draft probs", model_draft), ("probs=None", point_draft)):
             cases.append((f"RejectionRule, {what}, {tag}", lambda r=rule, d=draft: r.verify(d, target_probs, gens)))
     greedy = GreedyRule()
+    nobody = [None] * b  # greedy requests: no generator; their laws are point masses on the modes
+    greedy_params = [SamplingParams(temperature=0.0)] * n
+    modes_probs = to_probs(target_logits, greedy_params).view(b, k + 1, v)
     cases += [
+        ("RejectionRule, greedy rows, probs=None, checked", lambda: rules[0].verify(point_draft, modes_probs, nobody)),
         ("GreedyRule (for reference), checked", lambda: greedy.verify(point_draft, target_probs, gens)),
+        (f"to_probs [{n}, {v}], greedy", lambda: to_probs(target_logits, greedy_params)),
         (f"to_probs [{n}, {v}], temperature only", lambda: to_probs(target_logits, temp_only * n)),
         (f"to_probs [{n}, {v}], temperature + top_p", lambda: to_probs(target_logits, with_top_p * n)),
     ]
