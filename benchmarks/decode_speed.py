@@ -107,7 +107,11 @@ def pass_times(models: dict[str, LoadedModel], context: int, reps: int, max_wait
                 caches[p].truncate([context])
                 if rep > 0:  # the first round warms up allocators and page mappings
                     times[p][t].append(elapsed)
-    return {p: {t: summary(v) for t, v in per.items()} for p, per in times.items()}
+    out: dict[str, dict[int, Any]] = {p: {t: summary(v) for t, v in per.items()} for p, per in times.items()}
+    for p, per in times.items():  # each width against T = 1 of the same round: robust to the host's drift
+        for t, v in per.items():
+            out[p][t]["vs_t1_per_round"] = statistics.median(a / b for a, b in zip(v, per[1], strict=True))
+    return out
 
 
 def verispec_decode(
@@ -249,6 +253,9 @@ def print_role(res: dict[str, Any]) -> None:
             p = r["pass_ms"]
             print(f"{label}: verify K=4 / K=1 = T5/T2 = {p[5]['median'] / p[2]['median']:.2f}x "
                   f"(T5/T1 = {p[5]['median'] / p[1]['median']:.2f}x); projections {r['kinds']}")  # fmt: skip
+            if "vs_t1_per_round" in p[8]:  # (older result files lack it)
+                print(f"{label}: median of each round's T / T=1: "
+                      + ", ".join(f"T{t} {p[t]['vs_t1_per_round']:.2f}x" for t in WIDTHS[1:]))  # fmt: skip
     for label, verdicts in res["agreement"].items():
         print(f"greedy {label} vs verispec bf16: {verdicts}")
 
