@@ -17,17 +17,16 @@ are faster).
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 import torch
+from ab_passes import Variant, interleaved_passes, print_ratios  # benchmarks/ is on the path
 
 from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
@@ -93,32 +92,18 @@ def main() -> None:
             use(modules[name])
             caches[name] = loaded.model.new_cache(1, args.context + max(widths))
             loaded.model(prompt, None, caches[name], logits_at=torch.tensor([[args.context - 1]]))
-        times: dict[tuple[str, int], list[float]] = {(n, w): [] for n in models for w in widths}
-        for r in range(args.rounds):
-            # new first on even rounds, old first on odd ones, so that running first or second in a
-            # round favours neither (an A/A run, the same kernels on both sides, read 0.99-1.07 with
-            # a fixed order; 1.00-1.04 alternating, int4, 12 rounds, Zen 4)
-            order = list(models.items()) if r % 2 == 0 else list(models.items())[::-1]
-            for name, loaded in order:
+
+        def variant(name: str) -> Variant:
+            def run(new: torch.Tensor) -> None:
                 use(modules[name])
-                for width in widths:
-                    passes = []
-                    for _ in range(args.passes):
-                        new = torch.randint(0, vocab, (1, width), generator=gen)
-                        t0 = time.perf_counter()
-                        loaded.model(new, None, caches[name])
-                        passes.append(time.perf_counter() - t0)
-                        caches[name].truncate([args.context])
-                    times[(name, width)].append(statistics.median(passes[1:]))
+                models[name].model(new, None, caches[name])
+
+            return run, lambda: caches[name].truncate([args.context])
+
+        times = interleaved_passes({n: variant(n) for n in models}, widths, args.rounds, args.passes, vocab, gen)
     print(f"### {spec} {args.precision}, kernels of the working tree (new) vs {args.base} (old), {machine_line()}, "
           f"{args.rounds} rounds")  # fmt: skip
-    print("| width T | new ms (median) | old ms (median) | new / old per round, median [min-max] |")
-    print("|---|---|---|---|")
-    for width in widths:
-        new, old = times[("new", width)], times[("old", width)]
-        ratios = [a / b for a, b in zip(new, old, strict=True)]
-        print(f"| {width} | {1e3 * statistics.median(new):.2f} | {1e3 * statistics.median(old):.2f} | "
-              f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}] |")  # fmt: skip
+    print_ratios(times, "new", "old", widths)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,10 @@ ms per pass, the bytes each streams, and the median over rounds of half / whole.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from typing import Any
 
 import torch
+from ab_passes import Variant, interleaved_passes, print_ratios  # benchmarks/ is on the path
 
 from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_DRAFT, load_model
@@ -75,30 +74,19 @@ def main() -> None:
             caches[name] = model.new_cache(1, args.context + max(widths))
             outputs[name] = model.forward_with_hidden(prompt, None, caches[name], logits_at=none).hidden
         assert torch.equal(outputs["half"], outputs["whole"]), "the two layouts must compute the same hidden states"
-        times: dict[tuple[str, int], list[float]] = {(n, w): [] for n in models for w in widths}
-        for r in range(args.rounds):
-            order = list(models.items()) if r % 2 == 0 else list(models.items())[::-1]
-            for name, model in order:
-                for width in widths:
-                    passes = []
-                    for _ in range(args.passes):
-                        new = torch.randint(0, vocab, (1, width), generator=gen)
-                        t0 = time.perf_counter()
-                        model.forward_with_hidden(new, None, caches[name], logits_at=none)
-                        passes.append(time.perf_counter() - t0)
-                        caches[name].truncate([args.context])
-                    times[(name, width)].append(statistics.median(passes[1:]))
+    variants: dict[str, Variant] = {
+        name: (
+            lambda new, m=model, c=caches[name]: m.forward_with_hidden(new, None, c, logits_at=none),
+            lambda c=caches[name]: c.truncate([args.context]),
+        )
+        for name, model in models.items()
+    }
+    times = interleaved_passes(variants, widths, args.rounds, args.passes, vocab, gen)
     mb = {name: layer_bytes(model) / 1e6 for name, model in models.items()}
     print(f"### {args.model} {args.precision}, decoder layers (no LM head), {changed} projections with half "
           f"records, Q4_K bytes {mb['half']:.1f} MB (half) / {mb['whole']:.1f} MB (whole); {machine_line()}; "
           f"{args.rounds} rounds")  # fmt: skip
-    print("| width T | half ms (median) | whole ms (median) | half / whole per round, median [min-max] |")
-    print("|---|---|---|---|")
-    for width in widths:
-        half, whole = times[("half", width)], times[("whole", width)]
-        ratios = [a / b for a, b in zip(half, whole, strict=True)]
-        print(f"| {width} | {1e3 * statistics.median(half):.2f} | {1e3 * statistics.median(whole):.2f} | "
-              f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}] |")  # fmt: skip
+    print_ratios(times, "half", "whole", widths)
 
 
 if __name__ == "__main__":

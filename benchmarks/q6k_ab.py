@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from typing import Any
 
 import torch
+from ab_passes import Variant, interleaved_passes, print_ratios  # benchmarks/ is on the path
 
 from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_TARGET, load_model
@@ -73,30 +72,16 @@ def main() -> None:
             caches[name] = model.new_cache(1, args.context + max(widths))
             last[name] = model(prompt, None, caches[name])[0, -1].float()
         agree = int(last["q6k"].argmax()) == int(last["int8"].argmax())
-        times: dict[tuple[str, int], list[float]] = {(n, w): [] for n in models for w in widths}
-        for r in range(args.rounds):
-            order = list(models.items()) if r % 2 == 0 else list(models.items())[::-1]
-            for name, model in order:
-                for width in widths:
-                    passes = []
-                    for _ in range(args.passes):
-                        new = torch.randint(0, vocab, (1, width), generator=gen)
-                        t0 = time.perf_counter()
-                        model(new, None, caches[name])
-                        passes.append(time.perf_counter() - t0)
-                        caches[name].truncate([args.context])
-                    times[(name, width)].append(statistics.median(passes[1:]))
+    variants: dict[str, Variant] = {
+        name: (lambda new, m=model, c=caches[name]: m(new, None, c), lambda c=caches[name]: c.truncate([args.context]))
+        for name, model in models.items()
+    }
+    times = interleaved_passes(variants, widths, args.rounds, args.passes, vocab, gen)
     mb = {name: model.weight_bytes() / 1e6 for name, model in models.items()}
     print(f"### {args.model} int4, whole passes (LM head over every row), {count} Q6_K projections, "
           f"{mb['q6k']:.1f} MB per pass (Q6_K read natively) / {mb['int8']:.1f} MB (as int8); next-token argmax "
           f"after the prompt {'equal' if agree else 'different'}; {machine_line()}; {args.rounds} rounds")  # fmt: skip
-    print("| width T | q6k ms (median) | int8 ms (median) | q6k / int8 per round, median [min-max] |")
-    print("|---|---|---|---|")
-    for width in widths:
-        a, b = times[("q6k", width)], times[("int8", width)]
-        ratios = [x / y for x, y in zip(a, b, strict=True)]
-        print(f"| {width} | {1e3 * statistics.median(a):.2f} | {1e3 * statistics.median(b):.2f} | "
-              f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}] |")  # fmt: skip
+    print_ratios(times, "q6k", "int8", widths)
 
 
 if __name__ == "__main__":
