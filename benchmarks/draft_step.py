@@ -74,7 +74,7 @@ def main() -> None:
         drafter._head_module.forward = timed(drafter._head_module.forward, head)
     context = list(pipe.target.tokenizer.encode(PROMPT))
     drafter.begin("r", context)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=0)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     generator = None if params.greedy else make_generator(0)
     proposals = []
     for _ in range(args.rounds + 1):

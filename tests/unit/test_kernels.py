@@ -62,26 +62,40 @@ def test_q4k_packing_is_lossless(n: int, k: int) -> None:
     assert lin.q4k.numel() == -(-n // 16) * 16 * k // 256 * 144  # same bytes, padded to 16 rows
 
 
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("m", W8A8_ROWS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-def test_q4k_computes_the_w8a8_arithmetic_on_the_exact_weights(m: int, dtype: torch.dtype, bias: bool) -> None:
-    """Bit for bit the plain-torch reference: exact integer sums of int8 activations (per 64
-    inputs) and the 4-bit codes, the format's fp32 sub-block factors applied in the same order."""
-    from verispec.kernels import Q4KLinear
+def test_k_quants_compute_the_w8a8_arithmetic_on_the_exact_weights(
+    kind: str, m: int, dtype: torch.dtype, bias: bool
+) -> None:
+    """Bit for bit the plain-torch reference of each format's arithmetic, for any number of rows,
+    each row the same as alone. Q4_K: exact integer sums of int8 activations (per 64 inputs) and
+    the 4-bit codes, the format's fp32 sub-block factors applied in the same order. Q6_K: exact
+    integer sums per 16-input sub-block, scaled and offset in integers, then the fp32 steps per
+    block and super-block."""
+    from verispec.kernels import Q4KLinear, Q6KLinear
 
+    linear, blocks_of, reference = {
+        "Q4_K": (Q4KLinear, q4k_blocks, q4k_reference),
+        "Q6_K": (Q6KLinear, q6k_blocks, q6k_reference),
+    }[kind]
     n, k = 72, 768  # 72: the last 16-row block is partial
-    blocks = q4k_blocks(n, k, seed=1)
+    blocks = blocks_of(n, k, seed=m)
     gen = torch.Generator().manual_seed(m)
     b = torch.randn(n, generator=gen) if bias else None
-    lin = Q4KLinear.from_blocks(blocks, n, k, b)
+    lin = linear.from_blocks(blocks, n, k, b)
     x = torch.randn(m, k, generator=gen).to(dtype)
     x[m // 2] = 0  # an all-zero row: y = bias
     y = lin(x)
     assert y.dtype == dtype and y.shape == (m, n)
-    ref = q4k_reference(x, blocks, n, k, b)
+    ref = reference(x, blocks, n, k, b)
     assert torch.equal(y, ref), (y.float() - ref.float()).abs().max()
     assert torch.equal(y[m // 2], torch.zeros(n, dtype=dtype) if b is None else b.to(dtype))
+    assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(m)]), y)
+    if m > 1:  # (m = 1: the zero row alone)
+        w = lin.dequantize().double()
+        assert rel_err(y, x.double() @ w.T + (0 if b is None else b.double())) < 0.02  # (int8 activations)
 
 
 @pytest.mark.parametrize(("n", "k"), [(64, 512), (37, 256), (16, 1536)])
@@ -102,33 +116,6 @@ def test_q6k_packing_is_lossless(n: int, k: int) -> None:
     torch.testing.assert_close(w, theirs, rtol=2.0**-23, atol=0)
     assert lin.q6k.numel() == q6k_packed_numel(n, k) == -(-n // 16) * (k // 256) * 3392
     assert lin.weight_bytes() == lin.q6k.numel()
-
-
-@pytest.mark.parametrize("m", W8A8_ROWS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bias", [True, False])
-def test_q6k_computes_the_w8a8_arithmetic_on_the_exact_weights(m: int, dtype: torch.dtype, bias: bool) -> None:
-    """Bit for bit the plain-torch reference (exact integer sums per 16-input sub-block, scaled
-    and offset in integers, then the fp32 steps per block and super-block), for any number of
-    rows, each row the same as alone."""
-    from verispec.kernels import Q6KLinear
-
-    n, k = 72, 768  # 72: the last 16-row block is partial
-    blocks = q6k_blocks(n, k, seed=m)
-    gen = torch.Generator().manual_seed(m)
-    b = torch.randn(n, generator=gen) if bias else None
-    lin = Q6KLinear.from_blocks(blocks, n, k, b)
-    x = torch.randn(m, k, generator=gen).to(dtype)
-    x[m // 2] = 0  # an all-zero row: y = bias
-    y = lin(x)
-    assert y.dtype == dtype and y.shape == (m, n)
-    ref = q6k_reference(x, blocks, n, k, b)
-    assert torch.equal(y, ref), (y.float() - ref.float()).abs().max()
-    assert torch.equal(y[m // 2], torch.zeros(n, dtype=dtype) if b is None else b.to(dtype))
-    assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(m)]), y)
-    if m > 1:  # (m = 1: the zero row alone)
-        w = lin.dequantize().double()
-        assert rel_err(y, x.double() @ w.T + (0 if b is None else b.double())) < 0.02  # (int8 activations)
 
 
 def test_q6k_projections_fuse_and_cut_bit_for_bit() -> None:

@@ -69,6 +69,20 @@ def q4k_packed_numel(out_features: int, in_features: int) -> int:
     return _row_blocks(out_features) * per_block
 
 
+def _check_packed(packed: Tensor, expected: int, kind: str) -> None:
+    if packed.dtype != torch.uint8 or packed.numel() != expected:
+        raise ValueError(f"packed {kind} must be {expected} uint8 bytes, got {packed.numel()} {packed.dtype}")
+
+
+def _gguf_rows(blocks: Tensor | np.ndarray, out_features: int, in_features: int, kind: str) -> Tensor:
+    """GGUF super-block rows ``[N, K/256 * bytes]`` as a contiguous uint8 tensor (a copy of a
+    numpy array: GGUF blocks are often a read-only memory map, which torch will not wrap)."""
+    if in_features % Q4K_SUPER:
+        raise ValueError(f"GGUF {kind} blocks cover a multiple of 256 inputs, got {in_features}")
+    raw = torch.from_numpy(np.array(blocks, dtype=np.uint8)) if isinstance(blocks, np.ndarray) else blocks
+    return raw.contiguous().reshape(out_features, -1)
+
+
 def _flat(x: Tensor) -> Tensor:  # [..., K] -> [M, K]
     return x.reshape(-1, x.shape[-1])
 
@@ -111,8 +125,7 @@ class Q4KLinear(nn.Module):
         if in_features % INT8_ALIGN:
             raise ValueError(f"Q4_K needs in_features % {INT8_ALIGN} == 0, got {in_features}")
         expected = q4k_packed_numel(out_features, in_features)
-        if q4k.dtype != torch.uint8 or q4k.numel() != expected:
-            raise ValueError(f"packed Q4_K must be {expected} uint8 bytes, got {q4k.numel()} {q4k.dtype}")
+        _check_packed(q4k, expected, "Q4_K")
         self.out_features, self.in_features = out_features, in_features
         self.packed_in_features = q4k_packed_in_features(in_features)
         self.register_buffer("q4k", q4k.reshape(-1))
@@ -122,11 +135,8 @@ class Q4KLinear(nn.Module):
     def from_blocks(cls, blocks: Tensor | np.ndarray, out_features: int, in_features: int,
                     bias: Tensor | None = None) -> Q4KLinear:  # fmt: skip
         """From the GGUF blocks ``[N, K/256 * 144]`` uint8 (rows in the runtime's order)."""
-        # (a copy: GGUF blocks are often a read-only memory map, which torch will not wrap)
-        raw = torch.from_numpy(np.array(blocks, dtype=np.uint8)) if isinstance(blocks, np.ndarray) else blocks
-        if in_features % Q4K_SUPER:
-            raise ValueError(f"GGUF Q4_K blocks cover a multiple of 256 inputs, got {in_features}")
-        packed = load().q4k_pack(raw.contiguous().reshape(out_features, -1), out_features, in_features)
+        rows = _gguf_rows(blocks, out_features, in_features, "Q4_K")
+        packed = load().q4k_pack(rows, out_features, in_features)
         return cls(packed, out_features, in_features, bias)
 
     @classmethod
@@ -197,8 +207,7 @@ class Q6KLinear(nn.Module):
         if in_features % Q4K_SUPER or in_features <= 0:
             raise ValueError(f"Q6_K needs in_features a positive multiple of {Q4K_SUPER}, got {in_features}")
         expected = q6k_packed_numel(out_features, in_features)
-        if q6k.dtype != torch.uint8 or q6k.numel() != expected:
-            raise ValueError(f"packed Q6_K must be {expected} uint8 bytes, got {q6k.numel()} {q6k.dtype}")
+        _check_packed(q6k, expected, "Q6_K")
         self.out_features, self.in_features = out_features, in_features
         self.register_buffer("q6k", q6k.reshape(-1))
         self.register_buffer("bias", _check_bias(bias, out_features))
@@ -207,10 +216,8 @@ class Q6KLinear(nn.Module):
     def from_blocks(cls, blocks: Tensor | np.ndarray, out_features: int, in_features: int,
                     bias: Tensor | None = None) -> Q6KLinear:  # fmt: skip
         """From the GGUF blocks ``[N, K/256 * 210]`` uint8 (rows in the runtime's order)."""
-        raw = torch.from_numpy(np.array(blocks, dtype=np.uint8)) if isinstance(blocks, np.ndarray) else blocks
-        if in_features % Q4K_SUPER:
-            raise ValueError(f"GGUF Q6_K blocks cover a multiple of 256 inputs, got {in_features}")
-        packed = load().q6k_pack(raw.contiguous().reshape(out_features, -1), out_features, in_features)
+        rows = _gguf_rows(blocks, out_features, in_features, "Q6_K")
+        packed = load().q6k_pack(rows, out_features, in_features)
         return cls(packed, out_features, in_features, bias)
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] bf16/fp32 -> [..., N] same dtype
