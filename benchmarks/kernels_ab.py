@@ -10,13 +10,20 @@ few passes. Reported: each model's median ms per pass at every width, and per ro
 new / old of the two medians, whose median is the figure that counts (below 1: the new kernels
 are faster).
 
+With ``--tiers OLD,NEW`` instead of ``--base`` it compares two tiers this CPU executes, the
+working tree's kernels on both (e.g. ``avx512,avx512bf16``: does a tier earn its place ahead of
+the one below it on this CPU?): each model is loaded and run with ``$VERISPEC_ISA`` set to its
+tier, so its weights are packed the way that tier reads them.
+
     python benchmarks/kernels_ab.py --base HEAD~1 [--role target|draft] [--precision int4]
         [--widths 1,8] [--rounds 16] [--passes 6] [--context 128] [--threads 2]
+    python benchmarks/kernels_ab.py --tiers avx512,avx512bf16 --precision bf16 ...
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tarfile
@@ -31,7 +38,7 @@ from ab_passes import Variant, interleaved_passes, print_ratios  # benchmarks/ i
 from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 from verispec.kernels import build
-from verispec.kernels.dispatch import selected
+from verispec.kernels.dispatch import ISA_ENV, by_name, missing, selected
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = "verispec/kernels/csrc"
@@ -63,9 +70,16 @@ def use(module: Any) -> None:
     build._STATE.by_env.clear()
 
 
+def use_tier(name: str) -> None:
+    """Make the kernels run on tier ``name`` (``verispec.kernels.load()`` follows $VERISPEC_ISA)."""
+    os.environ[ISA_ENV] = name
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", required=True, help="git revision whose kernel sources are 'old'")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--base", help="git revision whose kernel sources are 'old'")
+    which.add_argument("--tiers", help="OLD,NEW: two tiers this CPU executes, the working tree's kernels on both")
     ap.add_argument("--role", choices=("target", "draft"), default="target")
     ap.add_argument("--precision", default="int4")
     ap.add_argument("--widths", default="1,8")
@@ -78,31 +92,48 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
     spec = DEFAULT_TARGET if args.role == "target" else DEFAULT_DRAFT
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"# building the kernels of {args.base} ({selected().name} tier) ...", file=sys.stderr)
-        modules = {"new": build.load(), "old": base_module(args.base, Path(tmp))}
+        if args.tiers:
+            tiers = dict(zip(("old", "new"), args.tiers.split(","), strict=True))
+            for tier in tiers.values():
+                if missing(by_name(tier)):
+                    ap.error(f"this CPU cannot execute the {tier} tier (it lacks {', '.join(missing(by_name(tier)))})")
+
+            def switch(name: str) -> None:
+                use_tier(tiers[name])
+
+            label = f"the {tiers['new']} tier (new) vs the {tiers['old']} tier (old)"
+        else:
+            print(f"# building the kernels of {args.base} ({selected().name} tier) ...", file=sys.stderr)
+            modules = {"new": build.load(), "old": base_module(args.base, Path(tmp))}
+
+            def switch(name: str) -> None:
+                use(modules[name])
+
+            label = f"kernels of the working tree (new) vs {args.base} (old)"
         models = {}
-        for name, module in modules.items():
-            use(module)
+        for name in ("new", "old"):
+            switch(name)
             models[name] = load_model(spec, dtype=args.precision)
         gen = torch.Generator().manual_seed(0)
         vocab = models["new"].config.vocab_size
         prompt = torch.randint(0, vocab, (1, args.context), generator=gen)
         caches = {}
         for name, loaded in models.items():
-            use(modules[name])
+            switch(name)
             caches[name] = loaded.model.new_cache(1, args.context + max(widths))
             loaded.model(prompt, None, caches[name], logits_at=torch.tensor([[args.context - 1]]))
 
         def variant(name: str) -> Variant:
             def run(new: torch.Tensor) -> None:
-                use(modules[name])
+                switch(name)
                 models[name].model(new, None, caches[name])
 
             return run, lambda: caches[name].truncate([args.context])
 
         times = interleaved_passes({n: variant(n) for n in models}, widths, args.rounds, args.passes, vocab, gen)
-    print(f"### {spec} {args.precision}, kernels of the working tree (new) vs {args.base} (old), {machine_line()}, "
-          f"{args.rounds} rounds")  # fmt: skip
+    if args.tiers:
+        os.environ.pop(ISA_ENV, None)  # (the machine line names the tier this CPU picks)
+    print(f"### {spec} {args.precision}, {label}, {machine_line()}, {args.rounds} rounds")
     print_ratios(times, "new", "old", widths)
 
 

@@ -104,7 +104,7 @@ def diagnose(measure_bandwidth: bool = True) -> dict[str, Any]:
 
     flags = dispatch.cpu_flags()
     runnable = [t.name for t in dispatch.runnable()]
-    kernels: dict[str, Any] = {"tiers": runnable, "best": runnable[0]}
+    kernels: dict[str, Any] = {"tiers": runnable, "best": dispatch.best().name}
     try:
         tier = dispatch.selected()
         kernels["tier"] = tier.name
