@@ -9,6 +9,7 @@ from verispec.config import SamplingParams
 from verispec.drafters.base import BatchView
 from verispec.drafters.suffix import SuffixDrafter
 from verispec.errors import ConfigError, InputError
+from verispec.sampling import make_generator
 from verispec.verify.tree import depths
 
 
@@ -62,6 +63,27 @@ def test_finished_outputs_feed_later_requests_and_the_corpus_is_bounded():
     assert d._corpus_size <= 12
     d.begin("third", [1, 5, 6])
     assert int(d.propose(view(["third"]), [3]).num_tokens[0]) == 0
+
+
+def test_seeded_samples_do_not_read_the_corpus():
+    """A seeded sampled request's text must not depend on what other requests wrote (README,
+    Seeds): its drafts and lookups come from its own tokens; greedy and unseeded sampled rows in
+    the same batch still draft from the corpus (the composite: tests/integration/test_engine.py)."""
+    d = SuffixDrafter(min_n=2, max_n=3, depth=3)
+    d.begin("first", [5, 6, 7, 8, 9])
+    d.end("first")
+    kinds = {
+        "greedy": (SamplingParams(seed=1), None),  # (a seed without sampling decides nothing)
+        "unseeded": (SamplingParams(temperature=0.8), make_generator(None)),
+        "seeded": (SamplingParams(temperature=0.8, seed=1), make_generator(1)),
+    }
+    for rid in kinds:
+        d.begin(rid, [1, 5, 6])  # "5 6" occurred only in the finished request
+    rows = list(kinds)
+    batch = BatchView(rows, [kinds[r][0] for r in rows], [kinds[r][1] for r in rows], None, [16] * 3)
+    draft = d.propose(batch, [3] * 3)
+    assert draft.num_tokens.tolist() == [3, 3, 0]
+    assert [d.lookup(r, 3, seeded=r == "seeded") for r in rows] == [[7, 8, 9], [7, 8, 9], []]
 
 
 def test_bad_options_and_unknown_requests():

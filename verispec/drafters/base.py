@@ -38,6 +38,16 @@ class DraftStop(Protocol):
         ...
 
 
+def seeded_sample(params: SamplingParams, generator: torch.Generator | None) -> bool:
+    """Whether a row is a seeded sampled request, whose text must follow from its prompt,
+    parameters and seed alone (with a fixed K: the same batched or alone, whatever ran before).
+    Its drafts may then not read what other requests leave behind (the suffix drafter's corpus of
+    finished outputs): every draft is exact, but a different draft spends the seed's randomness
+    differently. A greedy row takes the target's mode whatever is drafted; an unseeded one
+    promises no text."""
+    return generator is not None and params.seed is not None
+
+
 @dataclass(frozen=True)
 class BatchView:
     """What a drafter may read of the running batch, one entry per row.

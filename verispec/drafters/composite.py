@@ -13,8 +13,9 @@ Rows drafted by the lookup report a one-hot law (a point mass: exactly what it "
 drafted by the model report the model's law, so one :class:`~verispec.verify.Draft` carries both
 and the rejection rule stays exact for each row. A lookup's draft is a function of the committed
 tokens (the request's and other requests' committed outputs, independent of this request's
-randomness), so the output's law is unchanged. Both drafters observe every committed token, so
-either can take over at any step.
+randomness), so the output's law is unchanged; a seeded sampled request's lookup reads its own
+tokens only, so that its text does not depend on other requests either (README, Seeds). Both
+drafters observe every committed token, so either can take over at any step.
 
 A lookup draft is not held to the draft length scheduled for the model (see :meth:`propose`): it
 costs nothing to make, so with K chosen per step it runs to the row's budget
@@ -33,7 +34,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from verispec.drafters.base import BatchView
+from verispec.drafters.base import BatchView, seeded_sample
 from verispec.drafters.model import ModelDrafter
 from verispec.verify.base import PAD_ID, Draft
 
@@ -44,7 +45,7 @@ class Lookup(Protocol):
     def begin(self, request_id: str, prompt_ids: Sequence[int]) -> None: ...
     def observe(self, request_id: str, accepted_ids: Sequence[int]) -> None: ...
     def end(self, request_id: str) -> None: ...
-    def lookup(self, request_id: str, k: int) -> list[int]: ...
+    def lookup(self, request_id: str, k: int, *, seeded: bool = False) -> list[int]: ...
 
 
 class CompositeDrafter:
@@ -83,8 +84,12 @@ class CompositeDrafter:
         budgets = batch.budgets if batch.budgets is not None else max_tokens
         free_ok = self.free_when_off and batch.budgets is not None
         lookups = [
-            self.lookup.lookup(rid, max(k, budget)) if k > 0 or (free_ok and budget > 0) else []
-            for rid, k, budget in zip(batch.request_ids, max_tokens, budgets, strict=True)
+            self.lookup.lookup(rid, max(k, budget), seeded=seeded_sample(p, g))
+            if k > 0 or (free_ok and budget > 0)
+            else []
+            for rid, k, budget, p, g in zip(
+                batch.request_ids, max_tokens, budgets, batch.params, batch.generators, strict=True
+            )
         ]
         model_k = [0 if found else k for found, k in zip(lookups, max_tokens, strict=True)]
         model_draft = self.model.propose(batch, model_k)

@@ -82,8 +82,9 @@ class NgramDrafter:
     def end(self, request_id: str) -> None:
         self._index.pop(request_id, None)
 
-    def lookup(self, request_id: str, k: int) -> list[int]:
-        """The draft for one request (up to ``k`` tokens; empty when no suffix matches)."""
+    def lookup(self, request_id: str, k: int, *, seeded: bool = False) -> list[int]:
+        """The draft for one request (up to ``k`` tokens; empty when no suffix matches), from its
+        own tokens alone (so ``seeded`` changes nothing)."""
         return self._state(request_id).lookup(k) if k > 0 else []
 
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:

@@ -14,8 +14,9 @@ acceptance, which keeps the target's law.
 
 Memory: each request indexes its own tokens (n-gram -> the positions after its occurrences, the
 last ``max_matches`` kept); finished requests' outputs join a shared corpus of at most
-``corpus_tokens`` tokens (the oldest leave first), indexed the same way. A tree costs nothing to
-draft (no model); its nodes cost target rows.
+``corpus_tokens`` tokens (the oldest leave first), indexed the same way. A seeded sampled request
+does not read the corpus: its text must not depend on what other requests wrote (README, Seeds).
+A tree costs nothing to draft (no model); its nodes cost target rows.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class SuffixDrafter(ContinuationDrafter):
     """Trees of earlier continuations of the current suffix (see the module docstring)."""
 
     name: ClassVar[str] = "suffix"
+    elsewhere_grows: ClassVar[bool] = True  # the corpus gains each finished request's output
 
     def __init__(
         self,

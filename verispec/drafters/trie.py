@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from verispec.drafters.base import BatchView
+from verispec.drafters.base import BatchView, seeded_sample
 from verispec.errors import ConfigError, InputError
 from verispec.verify.base import Draft
 
@@ -145,12 +145,15 @@ class ContinuationDrafter:
     the search from the longest suffix (``max_n`` tokens) down to ``min_n`` for earlier
     occurrences, and the trie of what followed them, at most ``spec_factor`` times the matched
     length (SuffixDecoding's adaptive draft size) and ``max_nodes`` nodes. Subclasses say where
-    else continuations come from (:meth:`elsewhere`): a corpus of earlier outputs, a datastore."""
+    else continuations come from (:meth:`elsewhere`): a corpus of earlier outputs, a datastore.
+    Where that source grows with other requests (``elsewhere_grows``), seeded sampled rows do not
+    read it (:func:`~verispec.drafters.base.seeded_sample`)."""
 
     name: ClassVar[str]
     proposes: ClassVar[bool] = True
     uses_target_hidden: ClassVar[bool] = False
     last_catchup_tokens: int = 0  # no model state to catch up
+    elsewhere_grows: ClassVar[bool] = False  # whether elsewhere() finds more as other requests finish
 
     def __init__(
         self, *, min_n: int, max_n: int, depth: int, max_nodes: int, min_share: float, max_matches: int,
@@ -191,13 +194,17 @@ class ContinuationDrafter:
         """Continuations (``depth`` tokens at most) of ``suffix`` outside the request's own tokens."""
         return []
 
-    def _continuations(self, request_id: str) -> tuple[int, list[Sequence[int]]]:
+    def _continuations(self, request_id: str, seeded: bool = False) -> tuple[int, list[Sequence[int]]]:
         """The longest suffix (``max_n`` down to ``min_n`` tokens) that occurred before, as its
-        length and what followed its occurrences (``depth`` tokens at most; none: ``(0, [])``)."""
+        length and what followed its occurrences (``depth`` tokens at most; none: ``(0, [])``);
+        for a ``seeded`` sample, not in a source that grows with other requests."""
         own = self._get(request_id)
         tokens = own.tokens
+        shared = not (seeded and self.elsewhere_grows)
         for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
-            found = self.elsewhere(tokens[-n:]) + [tokens[pos : pos + self.depth] for pos in own.starts(n)]
+            found = (self.elsewhere(tokens[-n:]) if shared else []) + [
+                tokens[pos : pos + self.depth] for pos in own.starts(n)
+            ]
             if found:
                 return n, found
         return 0, []
@@ -206,32 +213,33 @@ class ContinuationDrafter:
         """At most ``spec_factor`` x the match's length (a short match guesses little)."""
         return max(1, round(self.spec_factor * matched))
 
-    def tree(self, request_id: str, budget: int) -> tuple[list[int], list[int]]:
+    def tree(self, request_id: str, budget: int, seeded: bool = False) -> tuple[list[int], list[int]]:
         """The tokens and parents (-1: the root) of the tree for one request, at most ``budget``
-        nodes, parents first."""
+        nodes, parents first (``seeded``: see :meth:`_continuations`)."""
         self._get(request_id)  # (an unknown request is an error even with no room)
         budget = min(budget, self.max_nodes)
         if budget <= 0:
             return [], []
-        matched, found = self._continuations(request_id)
+        matched, found = self._continuations(request_id, seeded)
         if not found:
             return [], []
         return best_continuations(found, min(budget, self._draft_size(matched)), self.min_share)
 
-    def lookup(self, request_id: str, k: int, min_share: float = 0.7) -> list[int]:
+    def lookup(self, request_id: str, k: int, min_share: float = 0.7, *, seeded: bool = False) -> list[int]:
         """The one continuation most of the earlier ones agree on, for a chain draft (the composite
         drafter's lookup): from the longest matching suffix, the most frequent next token while
         at least ``min_share`` of the continuations found pass through it; at most ``k`` tokens
         and ``spec_factor`` times the match's length. Empty when nothing matches or the
-        continuations disagree from the first token (SuffixDecoding's fallback to a model draft)."""
-        matched, found = self._continuations(request_id)
+        continuations disagree from the first token (SuffixDecoding's fallback to a model draft).
+        ``seeded``: see :meth:`_continuations`."""
+        matched, found = self._continuations(request_id, seeded)
         return majority_path(found, min(k, self._draft_size(matched)), min_share) if found else []
 
     def propose(self, batch: BatchView, max_tokens: Sequence[int]) -> Draft:
         room = batch.room if batch.room is not None else [self.max_nodes] * len(batch)
         trees = [
-            self.tree(rid, min(r, self.max_nodes)) if k > 0 else ([], [])
-            for rid, k, r in zip(batch.request_ids, max_tokens, room, strict=True)
+            self.tree(rid, min(r, self.max_nodes), seeded_sample(p, g)) if k > 0 else ([], [])
+            for rid, k, r, p, g in zip(batch.request_ids, max_tokens, room, batch.params, batch.generators, strict=True)
         ]
         return tree_draft(trees)
 
