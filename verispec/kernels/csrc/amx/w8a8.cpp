@@ -22,7 +22,7 @@
 // Two engines run the same arithmetic on the same packed weights:
 //   - vectors for up to kW8A8VectorRows activation rows (vec/linear.cpp; on this tier VPDPBUSD):
 //     each 64-byte weight load feeds one VPDPBUSD per row, whose signed operand is a 4-byte
-//     broadcast straight from the quantised row. At one to three rows this keeps up with memory;
+//     broadcast straight from the quantised row. At one to five rows this keeps up with memory;
 //     with more rows it becomes compute-bound (one VPDPBUSD per 64 weights and row),
 //   - AMX (TDPBSUD, this file) for more rows: the 16 groups of a block (64 inputs) are one int8 B tile as they
 //     lie in memory, so one tile load and one tile multiply cover 1024 weights for up to 16 rows.
