@@ -148,7 +148,10 @@ bool q4k_tail_is_zero(const uint8_t* blocks, int64_t n, int64_t k);
 void q4k_dequantize(const uint8_t* packed, int64_t k, float* w, int64_t begin, int64_t end);
 void q4k_linear_vec(const W8A8Args& a, int64_t begin, int64_t end);
 void q4k_linear_amx(const W8A8Args& a, int64_t begin, int64_t end);
-constexpr int kQ4KVectorRows = 16;  // amx tier: calls with at most this many rows run on vectors (as fast as the tiles to 16)
+// amx tier: calls with at most this many rows run on vectors. Whole 1.5B int4 passes, tiles over
+// vectors (kernels_ab.py, Intel Xeon with AMX, 2 cores, 35 GB/s): 1.17 / 1.09 at 5 / 8 rows, 0.99 /
+// 0.99 / 0.98 at 9 / 10 / 12, 0.93 / 0.92 at 14 / 16.
+constexpr int kQ4KVectorRows = 8;
 
 // ---- GGUF Q6_K weights (vec/pack.cpp: the layout; vec/linear.cpp: the vector kernels, which every
 // tier runs, amx included). A GGUF block_q6_K (210 bytes) holds 256 weights d * sc[i / 16] * (q[i] -

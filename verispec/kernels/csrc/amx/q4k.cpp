@@ -36,9 +36,9 @@
 //     memory-bound at one to a few rows, until VPDPBUSD's throughput takes over;
 //   - AMX (this file) for more rows: the unpacked codes of a sub-block are an int8 B tile (8 groups x 64
 //     bytes), so TDPBSUD gives S_j for up to 16 rows at once; the next block's multiply runs
-//     while a block's sums are stored and scaled. Measured on Sapphire Rapids, this is no faster
-//     than the vectors up to 16 rows (the unpacking, the tile stores and the per-row fp32 steps
-//     bound it, not the multiplies), hence kQ4KVectorRows = 16: the tiles take prefill chunks.
+//     while a block's sums are stored and scaled. The unpacking, the tile stores and the per-row
+//     fp32 steps bound it, not the multiplies: on an Intel Xeon with AMX it is slower than the
+//     vectors up to 8 rows, as fast from 9 to 12 and faster from 14 (kQ4KVectorRows).
 //
 // Packed layout ("records"): the same bytes as the GGUF blocks, permuted, nothing re-quantised.
 // One record per (block of 16 weight rows, super-block), 2304 = 16 x 144 bytes, records ordered
