@@ -36,6 +36,7 @@ import torch
 from ab_passes import Variant, interleaved_passes, print_ratios  # benchmarks/ is on the path
 
 from verispec.cli.doctor import machine_line
+from verispec.errors import ConfigError
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 from verispec.kernels import build
 from verispec.kernels.dispatch import ISA_ENV, by_name, missing, selected
@@ -93,10 +94,17 @@ def main() -> None:
     spec = DEFAULT_TARGET if args.role == "target" else DEFAULT_DRAFT
     with tempfile.TemporaryDirectory() as tmp:
         if args.tiers:
-            tiers = dict(zip(("old", "new"), args.tiers.split(","), strict=True))
+            names = args.tiers.split(",")
+            if len(names) != 2:
+                ap.error(f"--tiers takes OLD,NEW (two tier names), got {args.tiers!r}")
+            tiers = dict(zip(("old", "new"), names, strict=True))
             for tier in tiers.values():
-                if missing(by_name(tier)):
-                    ap.error(f"this CPU cannot execute the {tier} tier (it lacks {', '.join(missing(by_name(tier)))})")
+                try:
+                    lacks = missing(by_name(tier))
+                except ConfigError as exc:
+                    ap.error(str(exc))
+                if lacks:
+                    ap.error(f"this CPU cannot execute the {tier} tier (it lacks {', '.join(lacks)})")
 
             def switch(name: str) -> None:
                 use_tier(tiers[name])

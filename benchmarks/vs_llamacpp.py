@@ -25,8 +25,9 @@ best / llama.cpp's best speculative.
 
 llama.cpp comes from ``../shared/tools/build-llamacpp.sh`` (``--llama-cpp BIN``, default the folder
 it builds into); without it the llama.cpp rows are skipped with a message. Where llama.cpp's AMX
-path dies with an illegal instruction on batched passes (its worker threads lack the AMX
-permission on some kernels), the run retries it with ``--no-repack`` and says so.
+path dies on batched passes (an illegal instruction where its worker threads lack the AMX
+permission, or a crash in its speculative server), the run measures that configuration (plain, or
+speculative) with ``--no-repack`` and says so; the other keeps its default.
 
     python benchmarks/vs_llamacpp.py [--prompts 5] [--tokens 128] [--threads 2]
         [--configs int4:int8,bf16:int8] [--drafters model,composite] [--draft-vocab 32768] [--draft-max 4]
@@ -220,21 +221,29 @@ def main() -> None:
     tg = None
     bin_dir: Path = args.llama_cpp
     if args.llama and (bin_dir / "llama-server").exists():
-        extra: list[str] = []
         base = ["-m", str(target_gguf), "-t", str(args.threads), "-c", "4096"]
         spec_args = [*base, "-md", str(draft_gguf), "--spec-type", "draft-simple", "-td", str(args.threads),
                      "--spec-draft-n-max", str(args.draft_max)]  # fmt: skip
-        try:
-            with LlamaServer(bin_dir / "llama-server", spec_args) as srv:
-                srv.complete(texts[0], 8)
-        except RuntimeError as exc:
-            extra = ["--no-repack"]
-            notes.append(f"llama.cpp failed with its default weight repacking ({exc}); measured with --no-repack")
+
+        def repack_or_not(kind: str, server_args: list[str]) -> list[str]:
+            """[] where the server runs with its default weight repacking, else ["--no-repack"]
+            (probed per configuration: one that crashes must not slow the other)."""
+            try:
+                with LlamaServer(bin_dir / "llama-server", server_args) as srv:
+                    srv.complete(texts[0], 8)
+                return []
+            except RuntimeError as exc:
+                notes.append(
+                    f"llama.cpp {kind} failed with its default weight repacking ({exc}); measured with --no-repack"
+                )
+                return ["--no-repack"]
+
+        plain_extra, spec_extra = repack_or_not("plain", base), repack_or_not("speculative", spec_args)
         tg = llama_bench(bin_dir / "llama-bench", target_gguf, args, [])
-        runners["llama.cpp plain (server)"] = lambda text: _served(bin_dir, [*base, *extra], text, args.tokens)
-        runners["llama.cpp spec (server)"] = lambda text: _served(bin_dir, [*spec_args, *extra], text, args.tokens)
+        runners["llama.cpp plain (server)"] = lambda text: _served(bin_dir, [*base, *plain_extra], text, args.tokens)
+        runners["llama.cpp spec (server)"] = lambda text: _served(bin_dir, [*spec_args, *spec_extra], text, args.tokens)
         runners["llama.cpp spec (simple)"] = lambda text: speculative_simple(
-            bin_dir / "llama-speculative-simple", target_gguf, draft_gguf, text, args, extra
+            bin_dir / "llama-speculative-simple", target_gguf, draft_gguf, text, args, spec_extra
         )
     elif args.llama:
         notes.append(f"llama.cpp is not built in {bin_dir} (../shared/tools/build-llamacpp.sh): its rows are skipped")
