@@ -11,6 +11,7 @@
 // For a row (batch b, new token t, query head h, its key/value head h / G):
 //   s_j = scale * (q . k_j)         for the visible keys j in increasing order; the dot product
 //                                   is D/16 vector FMAs in order, then vec.h's fixed lane reduction
+//                                   (reduce_add, or the same trees 16 at a time: reduce_add16)
 //   m = max_j s_j,  p_j = exp(s_j - m)   (exp: vec.h's, the same for every row and tier)
 //   l = sum_j p_j                   (16 lanes in parallel over j, then the fixed lane reduction)
 //   o = (sum_j p_j v_j) / l         (fp32 vector FMAs in order of j), rounded to the output dtype
@@ -20,8 +21,10 @@
 // query attention) at the same position see the same keys and values, so up to kGroupRows of them
 // go together: each key and value row is loaded and widened once for all of them, and their dot
 // products are independent chains of FMAs instead of one chain waiting on each FMA's latency.
-// Head sizes of 64, 128 and 256 have their loops unrolled at compile time; other head sizes run
-// the same operations in loops.
+// The dot products of 16 keys are reduced together (vec.h's reduce_add16, the same trees): the
+// kernel alone 0.69x at T = 1 and 0.70x at T = 8 over 2048 keys on an Intel Xeon with AMX
+// (benchmarks/results/attention_reduce16_intel.md). Head sizes of 64, 128 and 256 have their loops
+// unrolled at compile time; other head sizes run the same operations in loops.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -57,7 +60,9 @@ inline RowPlace place_of(const AttnArgs& a, int64_t row) {
 // The scores s_j of NR consecutive query rows from row0 that share their keys (same batch row,
 // position and key/value head): score[r * span + n] for the n-th visible key, its position in
 // index[n]; returns the number of visible keys and each row's max in m[r]. VD = D / 16, or 0 for
-// a head size known only at run time.
+// a head size known only at run time. The dot products of 16 visible keys wait in part[r] and
+// are summed together (vec.h's reduce_add16: each score's own lane tree, so the bits of one
+// reduce_add per score, for a third of the operations).
 template <int VD, int NR, bool BF16>
 int64_t score_rows(const AttnArgs& a, int64_t row0, float* score, int32_t* index, float* m) {
   const int vd = VD ? VD : static_cast<int>(a.D / 16);
@@ -66,7 +71,23 @@ int64_t score_rows(const AttnArgs& a, int64_t row0, float* score, int32_t* index
     for (int i = 0; i < vd; ++i) store(&q[r][16 * i], load_row16<BF16>(a.q, (row0 + r) * a.D + 16 * i));
   const RowPlace at = place_of(a, row0);
   for (int r = 0; r < NR; ++r) m[r] = -INFINITY;
-  int64_t n = 0;
+  F16 part[NR][16];
+  const F16 scale = set1(a.scale);
+  int64_t n = 0;  // scores written
+  int waiting = 0;  // dot products in part, of the keys index[n .. n + waiting)
+  const auto flush = [&]() {
+    for (int r = 0; r < NR; ++r) {
+      float* out = score + r * a.span + n;
+      if (waiting == 16) {
+        store(out, mul(reduce_add16(part[r]), scale));
+      } else {
+        for (int u = 0; u < waiting; ++u) out[u] = reduce_add(part[r][u]) * a.scale;
+      }
+      for (int u = 0; u < waiting; ++u) m[r] = std::max(m[r], out[u]);
+    }
+    n += waiting;
+    waiting = 0;
+  };
   for (int64_t j = 0; j < a.span; ++j) {
     if (!at.vis[j]) continue;
     const int64_t kj = at.k0 + j * a.D;
@@ -81,14 +102,11 @@ int64_t score_rows(const AttnArgs& a, int64_t row0, float* score, int32_t* index
       for (int r = 0; r < NR; ++r) acc[r] = fma(load(&q[r][16 * i]), ki, acc[r]);
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      const float s = reduce_add(acc[r]) * a.scale;
-      score[r * a.span + n] = s;
-      m[r] = std::max(m[r], s);
-    }
-    index[n] = static_cast<int32_t>(j);
-    ++n;
+    for (int r = 0; r < NR; ++r) part[r][waiting] = acc[r];
+    index[n + waiting] = static_cast<int32_t>(j);
+    if (++waiting == 16) flush();
   }
+  if (waiting) flush();
   return n;
 }
 

@@ -12,7 +12,7 @@
 //                   denormals kept): every rounding to bf16 in the kernels
 //   fma(a, b, c)    a * b + c rounded once (std::fmaf in plain C++)
 //   reduce_add(a)   s8[i] = a[i] + a[i+8], s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2],
-//                   s2[0] + s2[1] (GCC's _mm512_reduce_add_ps tree)
+//                   s2[0] + s2[1] (GCC's _mm512_reduce_add_ps tree); reduce_add16 takes 16 at once
 // The build compiles every source with -ffp-contract=off, so a * b + c stays two roundings
 // unless a kernel asks for fma.
 #pragma once
@@ -733,6 +733,60 @@ inline float reduce_add(F16 a) {
   for (int i = 0; i < 8; ++i) s8[i] = t[i + 8] + t[i];
   for (int i = 0; i < 4; ++i) s4[i] = s8[i + 4] + s8[i];
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+#endif
+}
+// reduce_add of 16 vectors at once: lane i of the result is reduce_add(a[i]) bit for bit (the
+// same pairs added in the same operand order, NaN payloads included), with the 16 trees
+// transposed into each other: on x86 about 3 operations a sum instead of 8 (attention's scores).
+inline F16 reduce_add16(const F16* a) {
+#if VS_VEC_AVX512
+  // level 1, s8 = hi + lo: vectors 2k and 2k + 1 side by side in one (their low 8 lanes, then their high)
+  __m512 t[8];
+  for (int k = 0; k < 8; ++k) {
+    const __m512 x = a[2 * k].v, y = a[2 * k + 1].v;
+    t[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)),
+                         _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)));
+  }
+  // level 2, s4 = hi + lo: vector 4j + i's four sums in quarter i of u[j]
+  __m512 u[4];
+  for (int j = 0; j < 4; ++j)
+    u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)),
+                         _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)));
+  // level 3, s2 = lo + hi inside each quarter q: lanes 0-1 vector 8i + q's, lanes 2-3 vector 8i + 4 + q's
+  __m512 v[2];
+  for (int i = 0; i < 2; ++i)
+    v[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // level 4, s2[0] + s2[1]: lane l of quarter q holds vector 4l + q's sum; put it in lane 4l + q
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i where = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return {_mm512_permutexvar_ps(where, r)};
+#elif VS_VEC_AVX2
+  // level 1, s8 = hi + lo, one __m256 per vector; level 2, s4 = hi + lo: vectors 2j, 2j + 1 in u[j]
+  __m256 u[8];
+  for (int j = 0; j < 8; ++j) {
+    const __m256 x = _mm256_add_ps(a[2 * j].hi, a[2 * j].lo), y = _mm256_add_ps(a[2 * j + 1].hi, a[2 * j + 1].lo);
+    u[j] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x31), _mm256_permute2f128_ps(x, y, 0x20));
+  }
+  // level 3, s2 = lo + hi inside each half h: lanes 0-1 vector 4i + h's, lanes 2-3 vector 4i + 2 + h's
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i)
+    v[i] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // level 4, s2[0] + s2[1]: lane l of half h holds vector 8c + 2l + h's sum; put it in lane 2l + h
+  const __m256i where = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  __m256 r[2];
+  for (int c = 0; c < 2; ++c)
+    r[c] = _mm256_permutevar8x32_ps(
+        _mm256_add_ps(_mm256_shuffle_ps(v[2 * c], v[2 * c + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                      _mm256_shuffle_ps(v[2 * c], v[2 * c + 1], _MM_SHUFFLE(3, 1, 3, 1))),
+        where);
+  return {r[0], r[1]};
+#else
+  alignas(64) float sums[16];
+  for (int i = 0; i < 16; ++i) sums[i] = reduce_add(a[i]);
+  return load(sums);
 #endif
 }
 // Lanes in order: the max is exact; with NaN lanes the order decides, and it is the same on every tier.
