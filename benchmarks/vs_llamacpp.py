@@ -26,7 +26,7 @@ best / llama.cpp's best speculative.
 llama.cpp comes from ``../shared/tools/build-llamacpp.sh`` (``--llama-cpp BIN``, default the folder
 it builds into); without it the llama.cpp rows are skipped with a message. Where llama.cpp's AMX
 path dies on batched passes (an illegal instruction where its worker threads lack the AMX
-permission, or a crash in its speculative server), the run measures that configuration (plain, or
+permission, or a crash in its server), the run measures that configuration (plain, or
 speculative) with ``--no-repack`` and says so; the other keeps its default.
 
     python benchmarks/vs_llamacpp.py [--prompts 5] [--tokens 128] [--threads 2]
