@@ -39,7 +39,7 @@ from verispec.cli.doctor import machine_line
 from verispec.errors import ConfigError
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 from verispec.kernels import build
-from verispec.kernels.dispatch import ISA_ENV, by_name, missing, selected
+from verispec.kernels.dispatch import ISA_ENV, selected
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = "verispec/kernels/csrc"
@@ -71,11 +71,6 @@ def use(module: Any) -> None:
     build._STATE.by_env.clear()
 
 
-def use_tier(name: str) -> None:
-    """Make the kernels run on tier ``name`` (``verispec.kernels.load()`` follows $VERISPEC_ISA)."""
-    os.environ[ISA_ENV] = name
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = ap.add_mutually_exclusive_group(required=True)
@@ -99,15 +94,14 @@ def main() -> None:
                 ap.error(f"--tiers takes OLD,NEW (two tier names), got {args.tiers!r}")
             tiers = dict(zip(("old", "new"), names, strict=True))
             for tier in tiers.values():
+                os.environ[ISA_ENV] = tier
                 try:
-                    lacks = missing(by_name(tier))
+                    selected()  # (a ConfigError naming what this CPU lacks, or an unknown tier)
                 except ConfigError as exc:
                     ap.error(str(exc))
-                if lacks:
-                    ap.error(f"this CPU cannot execute the {tier} tier (it lacks {', '.join(lacks)})")
 
             def switch(name: str) -> None:
-                use_tier(tiers[name])
+                os.environ[ISA_ENV] = tiers[name]  # (verispec.kernels.load() follows $VERISPEC_ISA)
 
             label = f"the {tiers['new']} tier (new) vs the {tiers['old']} tier (old)"
         else:
