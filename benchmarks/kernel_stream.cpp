@@ -5,7 +5,8 @@
 // multiply-add groups per second (one VPDPBUSD on 512 bits; for bf16, four FMAs on 512 bits). Built
 // and run by kernel_stream.py.
 //
-//   kernel_stream KIND N K M COPIES REPS THREADS     (KIND: int8, q4k or bf16)
+//   kernel_stream KIND N K M COPIES REPS THREADS     (KIND: int8, q4k or bf16; q4k-amx: the Q4_K
+//                                                    tile kernel, built for the amx tier only)
 //   kernel_stream peak 0 0 0 0 REPS THREADS          (the tier's integer multiply alone, see peak())
 //   kernel_stream peak-mixed 0 0 0 0 REPS THREADS    (the same with Q4_K's epilogue FMAs, see peak_mixed())
 #include <omp.h>
@@ -18,6 +19,11 @@
 
 #include "common.h"
 #include "vec.h"
+
+#if VS_TIER_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 using namespace verispec;
 
@@ -137,18 +143,34 @@ int main(int argc, char** argv) {
     std::printf("peak: %.2f G groups/s\n", peak_mixed(std::atoi(argv[6]), std::atoi(argv[7])));
     return 0;
   }
-  const bool q4 = !std::strcmp(argv[1], "q4k"), bf16 = !std::strcmp(argv[1], "bf16");
+  const bool q4amx = !std::strcmp(argv[1], "q4k-amx");
+  const bool q4 = q4amx || !std::strcmp(argv[1], "q4k"), bf16 = !std::strcmp(argv[1], "bf16");
+#if VS_TIER_AMX
+  if (q4amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
+    std::fprintf(stderr, "Linux refused this process the AMX tile state\n");
+    return 2;
+  }
+#else
+  if (q4amx) {
+    std::fprintf(stderr, "q4k-amx needs the amx tier's build\n");
+    return 2;
+  }
+#endif
   const int64_t n = std::atol(argv[2]), k = std::atol(argv[3]);
   const int m = std::atoi(argv[4]), copies = std::atoi(argv[5]), reps = std::atoi(argv[6]);
   const int threads = std::atoi(argv[7]);
   const int64_t bytes = q4 ? n / kRows * (k / kQ4KSuper) * kQ4KRecord : bf16 ? 2 * n * k : n * k;
-  std::vector<uint8_t> w(static_cast<size_t>(bytes) * copies);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  // (64-byte aligned, as the extension's packed weights are: the tile kernel loads them aligned)
+  std::vector<uint8_t> w_alloc(static_cast<size_t>(bytes) * copies + 64);
+  const size_t skip = (64 - reinterpret_cast<uintptr_t>(w_alloc.data()) % 64) % 64;
+  uint8_t* const w = w_alloc.data() + skip;
+  const size_t w_size = static_cast<size_t>(bytes) * copies;
+  for (size_t i = 0; i < w_size; ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   if (bf16)  // finite bf16 weights: exponent bits of every value cleared to 2^-1 .. 2^0
-    for (size_t i = 1; i < w.size(); i += 2) w[i] = static_cast<uint8_t>((w[i] & 0x80) | 0x3F);
+    for (size_t i = 1; i < w_size; i += 2) w[i] = static_cast<uint8_t>((w[i] & 0x80) | 0x3F);
   if (q4)  // every record's fp16 d and dmin: 2^-10 (finite scales)
     for (int64_t r = 0; r < copies * n / kRows * (k / kQ4KSuper); ++r)
-      for (int j = 0; j < 32; ++j) reinterpret_cast<uint16_t*>(w.data() + r * kQ4KRecord)[j] = 0x1400;
+      for (int j = 0; j < 32; ++j) reinterpret_cast<uint16_t*>(w + r * kQ4KRecord)[j] = 0x1400;
   std::vector<int32_t> xq(static_cast<size_t>(m) * k / 4), xsum(static_cast<size_t>(m) * k / 32, 7);
   for (size_t i = 0; i < xq.size(); ++i) xq[i] = static_cast<int32_t>(i * 2654435761u);
   std::vector<float> xscale(static_cast<size_t>(m) * ((k + 63) / 64), 0.01f), xmin(static_cast<size_t>(m) * k / 32, 0.5f);
@@ -156,6 +178,8 @@ int main(int argc, char** argv) {
   W8A8Args a{};
   a.wscale = wscale.data();
   a.xq_rows = xq.data(), a.xscale_rows = xscale.data(), a.xsum_rows = xsum.data(), a.xmin_rows = xmin.data();
+  // (the tile kernel reads the same activations row by row)
+  a.xq = reinterpret_cast<const int8_t*>(xq.data()), a.xscale = xscale.data(), a.xsum = xsum.data(), a.xmin = xmin.data();
   a.y = y.data(), a.M = m, a.N = n, a.K = k, a.out_bf16 = false;
   std::vector<float> xf(static_cast<size_t>(m) * k, 0.5f);
   std::vector<uint16_t> xb(static_cast<size_t>(m) * k, 0x3F00);  // the same activations in bf16
@@ -165,13 +189,17 @@ int main(int argc, char** argv) {
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int c = 0; c < copies; ++c) {
-      a.w = w.data() + c * bytes;
-      b.w = reinterpret_cast<const uint16_t*>(w.data() + c * bytes);
+      a.w = w + c * bytes;
+      b.w = reinterpret_cast<const uint16_t*>(w + c * bytes);
 #pragma omp parallel for num_threads(threads)
       for (int t = 0; t < threads; ++t) {
         const int64_t blocks = n / kRows, b0 = blocks * t / threads, b1 = blocks * (t + 1) / threads;
         if (bf16)
           bf16_linear_vec(b, b0, b1);
+#if VS_TIER_AMX
+        else if (q4amx)
+          q4k_linear_amx(a, b0, b1);
+#endif
         else if (q4)
           q4k_linear_vec(a, b0, b1);
         else

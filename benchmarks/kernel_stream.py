@@ -7,6 +7,7 @@ times ``y = x @ W.T`` for M activation rows over enough different [N, K] weight 
 every (kind, M) once, in turn; reported is the median over ``--rounds`` rounds of each round's
 best of ``--reps`` sweeps: ms per matrix, weight GB/s, and 64-product multiply-add groups per
 second (bf16: four 16-lane FMAs count as one group). The default shape is the 1.5B's gate/up projection, [8960 x 1536].
+On the amx tier kind ``q4k-amx`` times the Q4_K tile kernel (``amx/q4k.cpp``) on the same records.
 
 Each round also times the tier's integer multiply instruction alone on the same threads (VPDPBUSD,
 VPMADDUBSW or SDOT in a loop of independent chains: ``peak``), and the int8 / Q4_K rows say what
@@ -17,7 +18,7 @@ sixteen (``peak-mixed``): where both share execution pipes this is the Q4_K kern
 and the q4k rows say their share of it too. Both peaks are the best round's (a capability; a
 neighbour busy on one of the cores halves a round's figure).
 
-    python benchmarks/kernel_stream.py [--tier avx512] [--kinds int8,q4k,bf16] [--shape 8960x1536]
+    python benchmarks/kernel_stream.py [--tier avx512] [--kinds int8,q4k,bf16,q4k-amx] [--shape 8960x1536]
         [--ms 1,8] [--mib 512] [--reps 5] [--rounds 5] [--threads 2] [--json out.json]
 """
 
@@ -47,7 +48,10 @@ def build(tier: dispatch.Tier, out: Path) -> Path:
         raise SystemExit("no C++ compiler found (install g++)")
     exe = out / f"kernel_stream_{tier.name}"
     cmd = [cxx, *flags_of(tier), "-std=c++17", f"-I{SOURCE_DIR}", f"-I{SOURCE_DIR / 'vec'}"]
-    cmd += [str(HERE / "kernel_stream.cpp"), str(SOURCE_DIR / "vec" / "linear.cpp"), "-o", str(exe)]
+    cmd += [str(HERE / "kernel_stream.cpp"), str(SOURCE_DIR / "vec" / "linear.cpp")]
+    if tier.name == "amx":  # (the Q4_K tile kernel: kind q4k-amx)
+        cmd.append(str(SOURCE_DIR / "amx" / "q4k.cpp"))
+    cmd += ["-o", str(exe)]
     subprocess.run(cmd, check=True)
     return exe
 
@@ -69,6 +73,8 @@ def main() -> None:
         raise SystemExit(f"this CPU cannot run the {tier.name} tier (it lacks {', '.join(dispatch.missing(tier))})")
     n, k = (int(v) for v in args.shape.lower().split("x"))
     kinds, ms = args.kinds.split(","), [int(v) for v in args.ms.split(",")]
+    if "q4k-amx" in kinds and tier.name != "amx":
+        raise SystemExit(f"kind q4k-amx is the amx tier's tile kernel; the {tier.name} tier has none")
     runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {(kind, m): [] for kind in kinds for m in ms}
     peaks: list[float] = []
     mixed: list[float] = []
@@ -86,7 +92,7 @@ def main() -> None:
             assert found_mixed, out
             mixed.append(float(found_mixed.group(1)))
             for (kind, m), found_times in runs.items():
-                per_matrix = n * k * {"q4k": 144 / 256, "bf16": 2}.get(kind, 1)
+                per_matrix = n * k * {"q4k": 144 / 256, "q4k-amx": 144 / 256, "bf16": 2}.get(kind, 1)
                 copies = max(1, int(args.mib * 2**20 / per_matrix))
                 cmd = [str(exe), kind, str(n), str(k), str(m), str(copies), str(args.reps), str(args.threads)]
                 found = LINE.search(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -115,7 +121,7 @@ def main() -> None:
         med = statistics.median(t)
         gbps, groups = (statistics.median(v[i] for v in values) for i in (1, 2))
         share = f"{groups / peak:.2f}" if peak > 0 and kind != "bf16" else "-"
-        share_mixed = f"{groups / peak_q4k:.2f}" if peak_q4k > 0 and kind == "q4k" else "-"
+        share_mixed = f"{groups / peak_q4k:.2f}" if peak_q4k > 0 and kind.startswith("q4k") else "-"
         spread = f"{med:.3f} [{min(t):.3f}-{max(t):.3f}]"
         print(f"| {kind} | {m} | {spread} | {gbps:.1f} | {groups:.2f} | {share} | {share_mixed} |")
         results["cases"].append({"kind": kind, "m": m, "ms_median": med, "ms_all": t, "gbps": gbps, "groups": groups})
