@@ -12,8 +12,10 @@ For the default pair (Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft; prepared w
   (tokens after the first over the time after it: what ``llama-bench`` tg reports). Each figure
   is compared only with the runtimes timed the same way.
 - **physical limit**: bytes one decode step streams (every weight once, the KV cache) over the
-  read bandwidth measured here with the same threads (a 1 GiB stream read by the kernels, median), and
-  the fraction of it the T = 1 pass reaches.
+  read bandwidth measured here with the same threads (a 1 GiB stream read by the kernels, the best
+  of 7), and the fraction of it the T = 1 pass reaches; and, since a shared host's bandwidth moves
+  from minute to minute, that fraction priced at each round's own bandwidth (a 512 MiB stream read
+  just before the round's passes), median over rounds.
 - **transformers**: ``AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf")`` in
   bf16 and fp32, ``generate`` greedy on the same prompt ids, same token budget, median tokens/s.
 - **llama.cpp**: ``llama-bench`` text generation (tg) on the same Q4_K_M file with the same thread
@@ -86,9 +88,17 @@ def summary(values: list[float], scale: float = 1e3) -> dict[str, float]:
     }
 
 
+ROUND_PROBE_BYTES = 512 << 20  # past the last-level cache of the CPUs measured
+
+
 @torch.inference_mode()
-def pass_times(models: dict[str, LoadedModel], context: int, reps: int, max_wait: float) -> dict[str, dict[int, Any]]:
-    """ms of a pass over T new tokens after ``context`` cached ones, every precision and width in turn."""
+def pass_times(
+    models: dict[str, LoadedModel], context: int, reps: int, max_wait: float
+) -> tuple[dict[str, dict[int, Any]], list[float]]:
+    """ms of a pass over T new tokens after ``context`` cached ones, every precision and width in
+    turn; and the read bandwidth (GB/s) measured just before each timed round."""
+    probe = torch.ones(ROUND_PROBE_BYTES // 4, dtype=torch.float32)
+    bandwidths: list[float] = []
     caches = {p: m.model.new_cache(1, context + max(WIDTHS)) for p, m in models.items()}
     gen = torch.Generator().manual_seed(0)
     vocab = next(iter(models.values())).config.vocab_size
@@ -98,6 +108,8 @@ def pass_times(models: dict[str, LoadedModel], context: int, reps: int, max_wait
     times: dict[str, dict[int, list[float]]] = {p: {t: [] for t in WIDTHS} for p in models}
     for rep in range(reps + 1):
         wait_until_quiet(max_wait)
+        if rep > 0:
+            bandwidths.append(read_bandwidth(reps=3, buf=probe)["median"])
         for p, m in models.items():
             for t in WIDTHS:
                 new = torch.randint(0, vocab, (1, t), generator=gen)
@@ -111,7 +123,9 @@ def pass_times(models: dict[str, LoadedModel], context: int, reps: int, max_wait
     for p, per in times.items():  # each width against T = 1 of the same round: robust to the host's drift
         for t, v in per.items():
             out[p][t]["vs_t1_per_round"] = statistics.median(a / b for a, b in zip(v, per[1], strict=True))
-    return out
+        floors = [models[p].model.weight_bytes() / (gbps * 1e9) for gbps in bandwidths]  # s per pass
+        out[p][1]["of_floor_per_round"] = statistics.median(f / t1 for f, t1 in zip(floors, per[1], strict=True))
+    return out, bandwidths
 
 
 def verispec_decode(
@@ -170,7 +184,7 @@ def run_role(role: str, args: argparse.Namespace, bandwidth: float, prompts_text
     tok = next(iter(models.values())).tokenizer
     prompts = [tok.encode(p) for p in prompts_text]
     result: dict[str, Any] = {"name": name, "rows": {}, "agreement": {}}
-    passes = pass_times(models, args.context, args.reps, args.max_wait)
+    passes, result["bandwidth_rounds"] = pass_times(models, args.context, args.reps, args.max_wait)
     outs = {}
     for precision, loaded in models.items():
         wait_until_quiet(args.max_wait)
@@ -256,6 +270,10 @@ def print_role(res: dict[str, Any]) -> None:
             if "vs_t1_per_round" in p[8]:  # (older result files lack it)
                 print(f"{label}: median of each round's T / T=1: "
                       + ", ".join(f"T{t} {p[t]['vs_t1_per_round']:.2f}x" for t in WIDTHS[1:]))  # fmt: skip
+            if "of_floor_per_round" in p[1]:
+                bws = res["bandwidth_rounds"]
+                print(f"{label}: T=1 at {p[1]['of_floor_per_round']:.0%} of the floor priced at each round's "
+                      f"read bandwidth ({min(bws):.1f}-{max(bws):.1f} GB/s), median of rounds")  # fmt: skip
     for label, verdicts in res["agreement"].items():
         print(f"greedy {label} vs verispec bf16: {verdicts}")
 

@@ -10,11 +10,13 @@ import torch
 from verispec.errors import ConfigError
 
 
-def read_bandwidth(nbytes: int = 1 << 30, reps: int = 7) -> dict[str, float]:
+def read_bandwidth(nbytes: int = 1 << 30, reps: int = 7, buf: torch.Tensor | None = None) -> dict[str, float]:
     """GB/s of reading an ``nbytes`` buffer once with torch's threads: the kernels' ``stream_read``
     (64-byte loads with the kernels' prefetch, vectorised for this CPU's tier), or torch's sum where
-    the kernels do not build; ``{"median": ..., "best": ...}`` over ``reps`` reads after a warm-up."""
-    buf = torch.ones(max(nbytes // 4, 64), dtype=torch.float32)
+    the kernels do not build; ``{"median": ..., "best": ...}`` over ``reps`` reads after a warm-up.
+    ``buf``: a contiguous float32 buffer to read instead (``nbytes`` ignored), for repeated probes."""
+    if buf is None:
+        buf = torch.ones(max(nbytes // 4, 64), dtype=torch.float32)
     try:
         from verispec.kernels.build import load
 
