@@ -46,6 +46,13 @@ def test_the_cpu_is_named_down_to_its_microarchitecture() -> None:
     assert microarchitecture("GenuineIntel", 6, 0x6A) == "Ice Lake-SP"
     assert microarchitecture("AuthenticAMD", 25, 0x90) is None  # not guessed
     assert microarchitecture("GenuineIntel", 6, 0x01) is None
+    # a hypervisor's model number (167: a desktop part without AMX) on a CPU with AMX: its flags say
+    assert microarchitecture("GenuineIntel", 6, 167, frozenset({"avx512f", "amx_tile"})) == (
+        "Sapphire / Emerald Rapids class, by its AMX"
+    )
+    assert "Granite Rapids" in str(microarchitecture("GenuineIntel", 6, 167, frozenset({"amx_tile", "amx_fp16"})))
+    assert microarchitecture("GenuineIntel", 6, 0x8F, frozenset({"amx_fp16"})) == "Sapphire Rapids"  # the model first
+    assert microarchitecture("GenuineIntel", 6, 167, frozenset({"avx512f"})) is None  # no AMX: not guessed
     assert microarchitecture("ARM", 0, 0) is None
     assert cpu_model()
     assert f"{dispatch.selected().name} tier" in machine_line() and "threads" in machine_line()

@@ -31,13 +31,13 @@ def cpu_model() -> str:
     """This CPU's name, and on x86 its family and model with the microarchitecture they identify:
     "AMD EPYC (family 25 model 17: Zen 4)". (A virtual machine often names only the brand, and
     the same brand spans microarchitectures of different instruction sets and speeds.)"""
-    from verispec.kernels.dispatch import cpu_vendor, cpuinfo_field
+    from verispec.kernels.dispatch import cpu_flags, cpu_vendor, cpuinfo_field
 
     name = cpuinfo_field("model name", "Model") or platform.processor() or platform.machine()
     family, model = cpuinfo_field("cpu family"), cpuinfo_field("model")
     if not (family.isdigit() and model.isdigit()):
         return name
-    arch = microarchitecture(cpu_vendor(), int(family), int(model))
+    arch = microarchitecture(cpu_vendor(), int(family), int(model), cpu_flags())
     return f"{name} (family {family} model {model}{': ' + arch if arch else ''})"
 
 
@@ -85,10 +85,20 @@ _AMD_MODELS = (
 )
 
 
-def microarchitecture(vendor: str, family: int, model: int) -> str | None:
-    """The microarchitecture an x86 vendor, family and model identify, where verispec knows it."""
+#: Intel instructions that name a server generation where the model number does not (a hypervisor
+#: may report another model than the host's, e.g. 167, a desktop part without AMX): the first
+#: present wins.
+_INTEL_BY_FLAGS = (
+    ("amx_fp16", "Granite Rapids class, by its AMX-FP16"),
+    ("amx_tile", "Sapphire / Emerald Rapids class, by its AMX"),
+)
+
+
+def microarchitecture(vendor: str, family: int, model: int, flags: frozenset[str] = frozenset()) -> str | None:
+    """The microarchitecture an x86 vendor, family and model identify, where verispec knows it; for
+    an Intel model it does not know, the server generation its ``flags`` (Linux's names) imply."""
     if vendor == "GenuineIntel" and family == 6:
-        return _INTEL_MODELS.get(model)
+        return _INTEL_MODELS.get(model) or next((name for flag, name in _INTEL_BY_FLAGS if flag in flags), None)
     if vendor == "AuthenticAMD":
         return next((name for f, lo, hi, name in _AMD_MODELS if f == family and lo <= model < hi), None)
     return None
