@@ -77,6 +77,14 @@ void quantize(const std::vector<float>& x, int64_t m, int64_t k, bool q4k, Quant
   z.a.K = k;
 }
 
+// A projection's output fields: y [M, n] (fp32, or bf16 where out_bf16), bias null or [n].
+void set_output(W8A8Args& a, int64_t n, void* y, bool out_bf16, const float* bias) {
+  a.bias = bias;
+  a.y = y;
+  a.N = n;
+  a.out_bf16 = out_bf16;
+}
+
 // GGUF Q4_K blocks of n rows x k inputs: random codes and scale bytes, d and dmin small fp16.
 std::vector<uint8_t> q4k_blocks(int64_t n, int64_t k) {
   std::vector<uint8_t> b(n * (k / kQ4KSuper) * kQ4KBlock);
@@ -131,10 +139,8 @@ void projections() {
         std::vector<float> y(m * n);
         std::vector<uint16_t> yb(m * n);
         W8A8Args a = z.a;
-        a.bias = out_bf16 ? bias.data() : nullptr;
-        a.y = out_bf16 ? static_cast<void*>(yb.data()) : static_cast<void*>(y.data());
-        a.N = n;
-        a.out_bf16 = out_bf16;
+        set_output(a, n, out_bf16 ? static_cast<void*>(yb.data()) : static_cast<void*>(y.data()), out_bf16,
+                   out_bf16 ? bias.data() : nullptr);
         if (q) {
           a.w = q4k.data();
           q4k_linear_vec(a, 0, nb);
@@ -194,10 +200,7 @@ void q4k_half_record() {
     quantize(activations(m, k), m, k, true, z);
     std::vector<float> y(m * n);
     W8A8Args a = z.a;
-    a.bias = nullptr;
-    a.y = y.data();
-    a.N = n;
-    a.out_bf16 = false;
+    set_output(a, n, y.data(), false, nullptr);
     a.w = q4k.data();
     q4k_linear_vec(a, 0, nb);
     std::snprintf(name, sizeof name, "q4k half m=%" PRId64, m);
@@ -238,10 +241,7 @@ void q6k() {
       a.xsum16_rows = sums.data() + m * (k / 16);
     }
     std::vector<float> y(m * n);
-    a.bias = nullptr;
-    a.y = y.data();
-    a.N = n;
-    a.out_bf16 = false;
+    set_output(a, n, y.data(), false, nullptr);
     a.w = packed.data();
     q6k_linear_vec(a, 0, nb);
     std::snprintf(name, sizeof name, "q6k m=%" PRId64, m);
