@@ -5,7 +5,8 @@ For the default pair (Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft; prepared w
 
 - **pass cost**: ms of one forward pass over T = 1, 2, 4, 5, 8, 16 new tokens after ``--context``
   cached ones (the pass that verifies T - 1 draft tokens), relative to T = 1. Precisions and widths
-  take turns, so a busy spell of the (shared) machine slows them alike; median [p10-p90].
+  take turns in an order that rotates every round, so a busy spell of the (shared) machine slows
+  them alike and no width is always the first pass after a switch; median [p10-p90].
 - **decode tokens/s**: plain greedy decoding of ``--tokens`` tokens through the engine (no draft),
   on ``--prompts`` HumanEval prompts, median, two ways: end to end (tokens over the whole request,
   prefill included: what transformers' ``generate`` is timed as) and text generation alone
@@ -106,12 +107,15 @@ def pass_times(
     for p, m in models.items():
         m.model(prompt, None, caches[p], logits_at=torch.tensor([[context - 1]]))
     times: dict[str, dict[int, list[float]]] = {p: {t: [] for t in WIDTHS} for p in models}
+    order = list(models.items())
     for rep in range(reps + 1):
         wait_until_quiet(max_wait)
         if rep > 0:
             bandwidths.append(read_bandwidth(reps=3, buf=probe)["median"])
-        for p, m in models.items():
-            for t in WIDTHS:
+        # (the models and the widths in a rotating order: no width is always the first pass after a
+        # switch of model or the bandwidth probe, whose caches it would find cold)
+        for p, m in order[rep % len(order) :] + order[: rep % len(order)]:
+            for t in WIDTHS[rep % len(WIDTHS) :] + WIDTHS[: rep % len(WIDTHS)]:
                 new = torch.randint(0, vocab, (1, t), generator=gen)
                 t0 = time.perf_counter()
                 m.model(new, None, caches[p])
