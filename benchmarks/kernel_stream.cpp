@@ -5,8 +5,8 @@
 // multiply-add groups per second (one VPDPBUSD on 512 bits; for bf16, four FMAs on 512 bits). Built
 // and run by kernel_stream.py.
 //
-//   kernel_stream KIND N K M COPIES REPS THREADS     (KIND: int8, q4k or bf16; q4k-amx: the Q4_K
-//                                                    tile kernel, built for the amx tier only)
+//   kernel_stream KIND N K M COPIES REPS THREADS     (KIND: int8, q4k or bf16; int8-amx, q4k-amx:
+//                                                    the tile kernels, built for the amx tier only)
 //   kernel_stream peak 0 0 0 0 REPS THREADS          (the tier's integer multiply alone, see peak())
 //   kernel_stream peak-mixed 0 0 0 0 REPS THREADS    (the same with Q4_K's epilogue FMAs, see peak_mixed())
 #include <omp.h>
@@ -143,16 +143,16 @@ int main(int argc, char** argv) {
     std::printf("peak: %.2f G groups/s\n", peak_mixed(std::atoi(argv[6]), std::atoi(argv[7])));
     return 0;
   }
-  const bool q4amx = !std::strcmp(argv[1], "q4k-amx");
+  const bool q4amx = !std::strcmp(argv[1], "q4k-amx"), int8amx = !std::strcmp(argv[1], "int8-amx");
   const bool q4 = q4amx || !std::strcmp(argv[1], "q4k"), bf16 = !std::strcmp(argv[1], "bf16");
 #if VS_TIER_AMX
-  if (q4amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
+  if ((q4amx || int8amx) && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
     std::fprintf(stderr, "Linux refused this process the AMX tile state\n");
     return 2;
   }
 #else
-  if (q4amx) {
-    std::fprintf(stderr, "q4k-amx needs the amx tier's build\n");
+  if (q4amx || int8amx) {
+    std::fprintf(stderr, "the tile kernels need the amx tier's build\n");
     return 2;
   }
 #endif
@@ -199,6 +199,8 @@ int main(int argc, char** argv) {
 #if VS_TIER_AMX
         else if (q4amx)
           q4k_linear_amx(a, b0, b1);
+        else if (int8amx)
+          w8a8_linear_amx(a, b0, b1);
 #endif
         else if (q4)
           q4k_linear_vec(a, b0, b1);

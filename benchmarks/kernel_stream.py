@@ -7,7 +7,8 @@ times ``y = x @ W.T`` for M activation rows over enough different [N, K] weight 
 every (kind, M) once, in turn; reported is the median over ``--rounds`` rounds of each round's
 best of ``--reps`` sweeps: ms per matrix, weight GB/s, and 64-product multiply-add groups per
 second (bf16: four 16-lane FMAs count as one group). The default shape is the 1.5B's gate/up projection, [8960 x 1536].
-On the amx tier kind ``q4k-amx`` times the Q4_K tile kernel (``amx/q4k.cpp``) on the same records.
+On the amx tier kinds ``q4k-amx`` and ``int8-amx`` time the tile kernels (``amx/q4k.cpp``,
+``amx/w8a8.cpp``) on the same weights.
 
 Each round also times the tier's integer multiply instruction alone on the same threads (VPDPBUSD,
 VPMADDUBSW or SDOT in a loop of independent chains: ``peak``), and the int8 / Q4_K rows say what
@@ -18,7 +19,7 @@ sixteen (``peak-mixed``): where both share execution pipes this is the Q4_K kern
 and the q4k rows say their share of it too. Both peaks are the best round's (a capability; a
 neighbour busy on one of the cores halves a round's figure).
 
-    python benchmarks/kernel_stream.py [--tier avx512] [--kinds int8,q4k,bf16,q4k-amx] [--shape 8960x1536]
+    python benchmarks/kernel_stream.py [--tier avx512] [--kinds int8,q4k,bf16,int8-amx,q4k-amx] [--shape 8960x1536]
         [--ms 1,8] [--mib 512] [--reps 5] [--rounds 5] [--threads 2] [--json out.json]
 """
 
@@ -49,8 +50,8 @@ def build(tier: dispatch.Tier, out: Path) -> Path:
     exe = out / f"kernel_stream_{tier.name}"
     cmd = [cxx, *flags_of(tier), "-std=c++17", f"-I{SOURCE_DIR}", f"-I{SOURCE_DIR / 'vec'}"]
     cmd += [str(HERE / "kernel_stream.cpp"), str(SOURCE_DIR / "vec" / "linear.cpp")]
-    if tier.name == "amx":  # (the Q4_K tile kernel: kind q4k-amx)
-        cmd.append(str(SOURCE_DIR / "amx" / "q4k.cpp"))
+    if tier.name == "amx":  # (the tile kernels: kinds q4k-amx, int8-amx)
+        cmd += [str(SOURCE_DIR / "amx" / "q4k.cpp"), str(SOURCE_DIR / "amx" / "w8a8.cpp")]
     cmd += ["-o", str(exe)]
     subprocess.run(cmd, check=True)
     return exe
@@ -73,8 +74,9 @@ def main() -> None:
         raise SystemExit(f"this CPU cannot run the {tier.name} tier (it lacks {', '.join(dispatch.missing(tier))})")
     n, k = (int(v) for v in args.shape.lower().split("x"))
     kinds, ms = args.kinds.split(","), [int(v) for v in args.ms.split(",")]
-    if "q4k-amx" in kinds and tier.name != "amx":
-        raise SystemExit(f"kind q4k-amx is the amx tier's tile kernel; the {tier.name} tier has none")
+    tile_kinds = [kind for kind in kinds if kind.endswith("-amx")]
+    if tile_kinds and tier.name != "amx":
+        raise SystemExit(f"kinds {', '.join(tile_kinds)}: the amx tier's tile kernels; the {tier.name} tier has none")
     runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {(kind, m): [] for kind in kinds for m in ms}
     peaks: list[float] = []
     mixed: list[float] = []
