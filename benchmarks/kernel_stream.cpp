@@ -20,11 +20,6 @@
 #include "common.h"
 #include "vec.h"
 
-#if VS_TIER_AMX
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 using namespace verispec;
 
 // The most 64-product groups per second the tier's integer multiply instruction retires on each of
@@ -146,7 +141,7 @@ int main(int argc, char** argv) {
   const bool q4amx = !std::strcmp(argv[1], "q4k-amx"), int8amx = !std::strcmp(argv[1], "int8-amx");
   const bool q4 = q4amx || !std::strcmp(argv[1], "q4k"), bf16 = !std::strcmp(argv[1], "bf16");
 #if VS_TIER_AMX
-  if ((q4amx || int8amx) && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
+  if ((q4amx || int8amx) && !amx_permitted()) {
     std::fprintf(stderr, "Linux refused this process the AMX tile state\n");
     return 2;
   }

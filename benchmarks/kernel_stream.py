@@ -94,7 +94,7 @@ def main() -> None:
             assert found_mixed, out
             mixed.append(float(found_mixed.group(1)))
             for (kind, m), found_times in runs.items():
-                per_matrix = n * k * {"q4k": 144 / 256, "q4k-amx": 144 / 256, "bf16": 2}.get(kind, 1)
+                per_matrix = n * k * (144 / 256 if kind.startswith("q4k") else 2 if kind == "bf16" else 1)
                 copies = max(1, int(args.mib * 2**20 / per_matrix))
                 cmd = [str(exe), kind, str(n), str(k), str(m), str(copies), str(args.reps), str(args.threads)]
                 found = LINE.search(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)

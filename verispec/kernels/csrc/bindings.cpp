@@ -3,9 +3,7 @@
 // once per tier (VS_TIER names it; VS_TIER_AMX adds the tile engines), with the same functions.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <sys/syscall.h>
 #include <torch/csrc/utils/pybind.h>  // not torch/extension.h: parsing its C++ frontend took 12 of this file's 33 s
-#include <unistd.h>
 
 #include <cmath>
 #include <tuple>
@@ -19,11 +17,7 @@
 namespace verispec {
 
 #ifdef VS_TIER_AMX
-constexpr bool kHasAmx = true;
-bool amx_permitted() {
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return ok;
-}
+constexpr bool kHasAmx = true;  // (amx_permitted: amx/w8a8.cpp)
 #else
 constexpr bool kHasAmx = false;
 bool amx_permitted() { return false; }

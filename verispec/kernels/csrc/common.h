@@ -40,7 +40,7 @@ inline Fn pick_rows(const std::array<Fn, N>& table, int64_t rows) {
 
 // Linux hands out the AMX tile-data state only to processes that ask (arch_prctl
 // ARCH_REQ_XCOMP_PERM, XTILEDATA); false when the CPU or the kernel refuses, and on every tier
-// but amx.
+// but amx (amx/w8a8.cpp asks; bindings.cpp's stub answers for the other tiers).
 bool amx_permitted();
 
 // What the int8 and Q4_K kernels are given: the packed weights and the activations quantised by

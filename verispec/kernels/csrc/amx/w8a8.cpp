@@ -34,11 +34,20 @@
 // 4 inputs: byte 4r + j of group g is u[16 nb + r][4g + j]. A group is one VPDPBUSD operand (lane
 // r = output column 16 nb + r); 16 consecutive groups are one AMX B tile (16 rows of 64 bytes).
 // Rows past N hold q = 0 (u = 128) and their outputs are never written.
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "amx.h"
 
 namespace verispec {
+
+bool amx_permitted() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return ok;
+}
+
 namespace {
 
 constexpr int kGroup = 64;               // bytes per group of 4 inputs x 16 rows
