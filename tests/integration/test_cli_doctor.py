@@ -56,3 +56,22 @@ def test_the_cpu_is_named_down_to_its_microarchitecture() -> None:
     assert microarchitecture("ARM", 0, 0) is None
     assert cpu_model()
     assert f"{dispatch.selected().name} tier" in machine_line() and "threads" in machine_line()
+
+
+def test_read_bandwidth_reads_the_buffer_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated probes (decode_speed.py, once a round) reuse one buffer: ``buf`` is what is read,
+    whatever ``nbytes`` says (here torch's sum, the path where the kernels do not build)."""
+    import torch
+
+    from verispec.errors import ConfigError
+    from verispec.kernels import bandwidth, build
+
+    def no_kernels() -> None:
+        raise ConfigError("no kernels here")
+
+    monkeypatch.setattr(build, "load", no_kernels)
+    seen: list[int] = []
+    buf = torch.ones(1 << 16)
+    monkeypatch.setattr(torch.Tensor, "sum", lambda self: seen.append(self.data_ptr()) or torch.tensor(0.0))
+    out = bandwidth.read_bandwidth(1 << 30, reps=2, buf=buf)
+    assert seen == [buf.data_ptr()] * 3 and out["best"] >= out["median"] > 0  # (a warm-up, then 2 reads)
