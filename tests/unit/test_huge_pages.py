@@ -55,3 +55,65 @@ def test_weights_move_only_when_asked_and_the_logits_stay_the_same(monkeypatch: 
     assert len(calls) == 1 and calls[0] >= len(packed) > 0  # every packed projection, the head too, at once
     assert torch.equal(logits(model), logits(moved))  # the native layer loop reads the moved copies
     assert move_to_huge_pages(torch.nn.Linear(2, 2)) == 0  # nothing packed, nothing moved
+
+
+class Recorder:
+    """A binary file that remembers where each write began and how long it was."""
+
+    def __init__(self) -> None:
+        self.data, self.writes = bytearray(), []
+
+    def write(self, b: bytes | memoryview) -> int:
+        self.writes.append((len(self.data), len(b)))
+        self.data += b
+        return len(b)
+
+
+def test_aligned_writer_passes_every_byte_on_in_writes_on_2_mib_boundaries() -> None:
+    from verispec.formats.convert import WRITE_ALIGN, AlignedWriter
+
+    rng = torch.Generator().manual_seed(0)
+    pieces = [8, 100, WRITE_ALIGN - 108, 3, 3 * WRITE_ALIGN + 5, 0, WRITE_ALIGN, 17, 5 * WRITE_ALIGN // 2]
+    chunks = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=rng).numpy().tobytes() for n in pieces]
+    f = Recorder()
+    out = AlignedWriter(f)  # type: ignore[arg-type]
+    for c in chunks:
+        out.write(memoryview(c))
+    out.close()
+    assert bytes(f.data) == b"".join(chunks)
+    for start, length in f.writes[:-1]:
+        assert start % WRITE_ALIGN == 0 and length % WRITE_ALIGN == 0 and length > 0
+    assert f.writes[-1][0] % WRITE_ALIGN == 0  # the end: whatever is left, from a boundary
+
+
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding ``address`` in /proc/self/smaps."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    return []
+
+
+def test_safetensors_mappings_ask_for_huge_pages(tmp_path) -> None:
+    import mmap
+    import os
+
+    from verispec.formats.convert import load_safetensors, write_tensors
+
+    if not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.isdir("/sys/kernel/mm/transparent_hugepage"):
+        pytest.skip("this OS has no transparent huge pages to ask for")
+    path = tmp_path / "w.safetensors"
+    weights = torch.randint(-128, 127, (3 << 20,), dtype=torch.int8)
+    write_tensors(path, [("w", torch.int8, (3 << 20,))], [("w", weights)])
+    loaded = load_safetensors(path)["w"]
+    assert torch.equal(loaded, weights)
+    flags = vm_flags(loaded.data_ptr())
+    if not flags:
+        pytest.skip("no /proc/self/smaps VmFlags here")
+    assert "hg" in flags  # (recorded whatever /sys/kernel/mm/transparent_hugepage/enabled says)
