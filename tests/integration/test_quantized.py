@@ -261,6 +261,26 @@ def test_prepared_models_cache_the_packed_weights(
     assert read_metadata(cache) == {"format": "pt", **_wanted(fake.entry.sha256)}
 
 
+def test_fused_projections_of_a_cached_model_are_views_of_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gguf_path: Path
+) -> None:
+    fake = install_fake_model(tmp_path, monkeypatch, spec=spec())
+    registry.prepare(fake.name)
+    for precision in ("int4", "int8"):
+        loaded = load_model(fake.name, dtype=precision)
+        direct = load_model(gguf_path, dtype=precision)  # packed at load time, in memory
+        size = packing.cache_path(fake.folder, precision).stat().st_size
+        for model, from_file in ((loaded.model, True), (direct.model, False)):
+            fused = [m for n, m in model.named_modules() if n.endswith(("qkv_proj", "gate_up_proj"))]
+            assert len(fused) >= LAYERS + 1  # gate / up in each layer, q / k / v where their kinds agree
+            for module in fused:
+                codes = max(module.buffers(), key=lambda b: b.numel())
+                assert (codes.untyped_storage().nbytes() == size) == from_file  # the mapping, or a copy
+        tokens = torch.tensor([PROMPTS[0]])
+        logits = [m.model(tokens, None, m.model.new_cache(1, 64)) for m in (loaded, direct)]
+        assert torch.equal(logits[0], logits[1])
+
+
 def _wanted(sha: str) -> dict[str, str]:
     return {"packing": quantized.PACK_FORMAT, "precision": "int4", "source_sha256": sha}
 

@@ -1,5 +1,7 @@
-"""Weights copied onto transparent huge pages (verispec.kernels.hugepages): the same values, the
-kernels' alignment, and a kernel model whose logits do not change when its weights move."""
+"""Where packed weights lie in memory: copies on transparent huge pages (verispec.kernels.hugepages:
+the same values, the kernels' alignment, a kernel model whose logits do not change when its weights
+move), file mappings that ask for huge pages and files written for them (verispec.formats.convert),
+and fused projections that view adjacent weights instead of copying them."""
 
 from __future__ import annotations
 
@@ -117,3 +119,23 @@ def test_safetensors_mappings_ask_for_huge_pages(tmp_path) -> None:
     if not flags:
         pytest.skip("no /proc/self/smaps VmFlags here")
     assert "hg" in flags  # (recorded whatever /sys/kernel/mm/transparent_hugepage/enabled says)
+
+
+def test_cat_adjacent_views_parts_that_lie_back_to_back_and_copies_the_others() -> None:
+    from verispec.kernels.linear import cat_adjacent
+
+    whole = torch.arange(100, dtype=torch.uint8)
+    parts = [whole[10:30], whole[30:31], whole[31:70]]
+    joined = cat_adjacent(parts)
+    assert torch.equal(joined, torch.cat(parts))
+    assert joined.data_ptr() == parts[0].data_ptr() and joined.untyped_storage().data_ptr() == whole.data_ptr()
+    for others in (
+        [whole[10:30], whole[31:70]],  # a gap
+        [whole[30:40], whole[10:30]],  # out of order
+        [whole[10:30], whole.clone()[30:40]],  # another storage
+        [whole[10:30], whole[30:46].view(torch.int16)],  # another dtype
+    ):
+        copy = cat_adjacent(others)
+        assert copy.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr()
+        if others[1].dtype == torch.uint8:
+            assert torch.equal(copy, torch.cat(others))

@@ -237,7 +237,8 @@ def advise_huge_pages(mm: mmap.mmap) -> None:
 
 def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
     """Every tensor of a safetensors file, memory-mapped copy-on-write (nothing is read until
-    used; writing to a tensor never changes the file). Raises :class:`ModelLoadError` for a file
+    used; writing to a tensor never changes the file), as views of one storage where their
+    offsets allow (so tensors that lie back to back can be viewed as one). Raises :class:`ModelLoadError` for a file
     that is truncated or not safetensors."""
     path = Path(path)
     try:
@@ -257,6 +258,7 @@ def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
     except ValueError as exc:
         raise ModelLoadError(f"{path}: malformed safetensors header ({exc}); {fix}") from exc
     base = 8 + n
+    whole = torch.frombuffer(mm, dtype=torch.uint8)  # [file bytes]: the tensors below are views of it
     out: dict[str, Tensor] = {}
     for name, entry in header.items():
         if name == "__metadata__":
@@ -270,8 +272,11 @@ def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
         count = math.prod(shape)
         if end - begin != count * torch_dtype.itemsize or base + end > len(mm):
             raise ModelLoadError(f"{path}: tensor {name} ({begin}..{end}) does not fit the file; {fix}")
-        array = np.frombuffer(mm, dtype=np_dtype, count=count, offset=base + begin)
-        out[name] = torch.from_numpy(array).view(torch_dtype).reshape(shape)
+        if (base + begin) % torch_dtype.itemsize == 0:  # one storage: adjacent tensors can be viewed as one
+            out[name] = whole[base + begin : base + end].view(torch_dtype).reshape(shape)
+        else:  # (safetensors does not promise aligned offsets)
+            array = np.frombuffer(mm, dtype=np_dtype, count=count, offset=base + begin)
+            out[name] = torch.from_numpy(array).view(torch_dtype).reshape(shape)
     return out
 
 

@@ -68,32 +68,42 @@ def plan(source: WeightSource, config: ModelConfig, precision: str) -> dict[str,
     return kinds
 
 
+#: Buffers of a packed projection other than its codes (they follow all the codes in a cache file).
+SMALL_BUFFERS = ("int8_scale", "bias")
+
+
 def _layout(config: ModelConfig, kinds: Mapping[str, str]) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-    """(name, dtype, shape) of every tensor the packed projections consist of, in writing order."""
+    """(name, dtype, shape) of every tensor the packed projections consist of, in writing order:
+    the codes of every projection in module order, back to back, then their scales and biases. So
+    q / k / v and gate / up lie one after another in the file, and their fused projection is a view
+    of its mapping (:func:`verispec.kernels.linear.fuse_linears`), not a copy made at load."""
     from verispec.kernels.linear import ROWS, q4k_packed_numel, q6k_packed_numel
 
-    entries: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+    codes: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+    small: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
     for s in linear_specs(config):
         kind, rows = kinds[s.prefix], -(-s.out_features // ROWS) * ROWS
         if kind == "q4k":
-            entries.append((s.prefix + ".q4k", torch.uint8, (q4k_packed_numel(s.out_features, s.in_features),)))
+            codes.append((s.prefix + ".q4k", torch.uint8, (q4k_packed_numel(s.out_features, s.in_features),)))
         elif kind == "q6k":
-            entries.append((s.prefix + ".q6k", torch.uint8, (q6k_packed_numel(s.out_features, s.in_features),)))
+            codes.append((s.prefix + ".q6k", torch.uint8, (q6k_packed_numel(s.out_features, s.in_features),)))
         elif kind == "int8":
-            entries.append((s.prefix + ".int8", torch.int8, (rows * s.in_features,)))
-            entries.append((s.prefix + ".int8_scale", torch.float32, (rows,)))
+            codes.append((s.prefix + ".int8", torch.int8, (rows * s.in_features,)))
+            small.append((s.prefix + ".int8_scale", torch.float32, (rows,)))
         if kind != "dense" and s.bias:
-            entries.append((s.prefix + ".bias", torch.float32, (s.out_features,)))
-    return entries
+            small.append((s.prefix + ".bias", torch.float32, (s.out_features,)))
+    return codes + small
 
 
 def _packed_tensors(
     source: WeightSource, config: ModelConfig, kinds: Mapping[str, str], progress: ProgressFn | None
 ) -> Iterator[tuple[str, Tensor]]:
-    """The tensors of :func:`_layout`, in its order, made one projection at a time."""
+    """The tensors of :func:`_layout`, in its order, made one projection at a time (the small ones
+    held back until every projection's codes are out)."""
     from verispec.kernels import Int8Linear, Q4KLinear, Q6KLinear
 
     specs = [s for s in linear_specs(config) if kinds[s.prefix] != "dense"]
+    small: list[tuple[str, Tensor]] = []
     for done, s in enumerate(specs, start=1):
         bias = source.float32(s.prefix + ".bias") if s.bias else None
         if kinds[s.prefix] == "q4k" and source.stored_type(s.source) == "Q4_K":
@@ -107,9 +117,13 @@ def _packed_tensors(
         else:
             module = Int8Linear.from_weight(source.float32(s.source), bias)
         for name, tensor in module.state_dict().items():
-            yield f"{s.prefix}.{name}", tensor
+            if name in SMALL_BUFFERS:
+                small.append((f"{s.prefix}.{name}", tensor))
+            else:
+                yield f"{s.prefix}.{name}", tensor
         if progress is not None:
             progress("pack", done, len(specs))
+    yield from small
 
 
 def pack(

@@ -3,17 +3,20 @@
 A decode pass streams every weight once, so its speed is the memory's read bandwidth, and reads
 over 4 KiB pages pay a TLB miss every 4 KiB and stop the hardware prefetchers at every page
 boundary. Linux backs anonymous memory with 2 MiB pages where a mapping asks for them
-(``MADV_HUGEPAGE``) when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` (the
-usual default) or ``always``; torch's allocator does not ask, and the packed cache files are
-mapped as they lie. Two Zen 4 cores in ``madvise`` mode (``benchmarks/results/huge_pages_zen4.md``):
-the kernels' ``stream_read`` read 8-15% more per second from huge pages; one-token passes of the
-int4 target ran 1.03x faster, of the int4-all draft 1.04x-1.09x. But a process's first huge pages
-cost time to find (the kernel compacts memory, the hypervisor backs it): the default pair's load
-took 2-6 s longer on that machine, which a 128-token ``verispec generate`` does not earn back. So
-the move is made where ``VERISPEC_HUGE_PAGES=1`` (``verispec serve`` sets it unless it is set: a
-server loads once and decodes for hours); ``0`` or unset leaves the weights where they were
-loaded. Where the kernel gives no huge pages (``never``, or no memory to compact) the copy is
-still correct, on small pages.
+(``MADV_HUGEPAGE``) when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` (the usual
+default) or ``always``; torch's allocator does not ask. The packed cache files' mappings do ask
+(``formats.convert.advise_huge_pages``), which gives huge pages only where the filesystem keeps
+large folios in the page cache (ext4 since Linux 6.16, XFS) and the file's pages came in as such
+(read back from disk, or written in 2 MiB pieces as verispec writes them). Two Zen 4 cores in
+``madvise`` mode (``benchmarks/results/huge_pages_zen4.md``): the kernels' ``stream_read`` read
+8-15% more per second from huge pages; one-token passes of the int4 target ran 1.03x faster, of the
+int4-all draft 1.04x-1.09x (copies against the file's small pages). But a process's first huge
+pages cost time to find (the kernel compacts memory, the hypervisor backs it): the default pair's
+load took 2-6 s longer on that machine, which a 128-token ``verispec generate`` does not earn back.
+So the move is made where ``VERISPEC_HUGE_PAGES=1`` (``verispec serve`` sets it unless it is set: a
+server loads once and decodes for hours); ``0`` or unset leaves the weights where they were loaded.
+Where the kernel gives no huge pages (``never``, or no memory to compact) the copy is still
+correct, on small pages.
 """
 
 from __future__ import annotations

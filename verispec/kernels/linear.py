@@ -462,13 +462,28 @@ def fuse_linears(parts: list[nn.Module]) -> nn.Module | None:
             [b if b is not None else torch.zeros(size) for b, (size, _) in zip(biases, shapes, strict=True)]
         )
     if kind is Bf16Linear:
-        return Bf16Linear(torch.cat([_buffer(p, "bf16") for p in parts]), n, k, bias)
+        return Bf16Linear(cat_adjacent([_buffer(p, "bf16") for p in parts]), n, k, bias)
     if kind is Int8Linear:
-        codes, scales = (torch.cat([_buffer(p, name) for p in parts]) for name in ("int8", "int8_scale"))
+        codes, scales = (cat_adjacent([_buffer(p, name) for p in parts]) for name in ("int8", "int8_scale"))
         return Int8Linear(codes, scales, n, k, bias)
     if kind is Q6KLinear:
-        return Q6KLinear(torch.cat([_buffer(p, "q6k") for p in parts]), n, k, bias)
-    return Q4KLinear(torch.cat([_buffer(p, "q4k") for p in parts]), n, k, bias)
+        return Q6KLinear(cat_adjacent([_buffer(p, "q6k") for p in parts]), n, k, bias)
+    return Q4KLinear(cat_adjacent([_buffer(p, "q4k") for p in parts]), n, k, bias)
+
+
+def cat_adjacent(parts: list[Tensor]) -> Tensor:
+    """``torch.cat(parts)`` of contiguous 1-D tensors of one dtype: where they lie back to back in
+    one storage (the codes of q / k / v or gate / up in a packed cache file's mapping,
+    ``formats.packing._layout``), a view spanning them, no copy; else a copy."""
+    first = parts[0]
+    storage, end = first.untyped_storage(), first.storage_offset()
+    for p in parts:
+        if p.dtype != first.dtype or not p.is_contiguous() or p.untyped_storage().data_ptr() != storage.data_ptr():
+            return torch.cat(parts)
+        if p.storage_offset() != end:
+            return torch.cat(parts)
+        end += p.numel()
+    return first.as_strided((end - first.storage_offset(),), (1,), first.storage_offset())
 
 
 def _buffer(module: nn.Module, name: str) -> Tensor:

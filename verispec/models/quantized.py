@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("int4", "int4-all", "int8")
 #: Version of the packed layouts (bump when csrc's layouts change: caches then rebuild).
-PACK_FORMAT = "verispec.packed/4"  # 4: Q4_K half records (csrc/common.h); 3: the integer-kernel layouts
+PACK_FORMAT = "verispec.packed/5"  # 5: codes first (packing._layout); 4: Q4_K half records; 3: integer layouts
 #: "1": the "int4" precision reads Q6_K tensors natively (see the module docstring)
 Q6K_ENV = "VERISPEC_Q6K"
 
