@@ -50,7 +50,7 @@ from verispec.config import EngineConfig, SamplingParams
 from verispec.engine import Engine
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load_model
 from verispec.formats.registry import GGUF_FILE, model_dir
-from verispec.kernels.bandwidth import read_bandwidth
+from verispec.kernels.bandwidth import probe_buffer, read_bandwidth
 
 ROLES = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}
 #: Where ../shared/tools/build-llamacpp.sh puts llama.cpp's binaries by default.
@@ -98,7 +98,7 @@ def pass_times(
 ) -> tuple[dict[str, dict[int, Any]], list[float]]:
     """ms of a pass over T new tokens after ``context`` cached ones, every precision and width in
     turn; and the read bandwidth (GB/s) measured just before each timed round."""
-    probe = torch.ones(ROUND_PROBE_BYTES // 4, dtype=torch.float32)
+    probe = probe_buffer(ROUND_PROBE_BYTES)
     bandwidths: list[float] = []
     caches = {p: m.model.new_cache(1, context + max(WIDTHS)) for p, m in models.items()}
     gen = torch.Generator().manual_seed(0)

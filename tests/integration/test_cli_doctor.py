@@ -75,3 +75,18 @@ def test_read_bandwidth_reads_the_buffer_it_is_given(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.Tensor, "sum", lambda self: seen.append(self.data_ptr()) or torch.tensor(0.0))
     out = bandwidth.read_bandwidth(1 << 30, reps=2, buf=buf)
     assert seen == [buf.data_ptr()] * 3 and out["best"] >= out["median"] > 0  # (a warm-up, then 2 reads)
+
+
+def test_the_bandwidth_probe_is_ones_on_huge_page_memory() -> None:
+    import mmap
+
+    import torch
+
+    from verispec.kernels.bandwidth import probe_buffer
+    from verispec.kernels.hugepages import HUGE_PAGE
+
+    buf = probe_buffer(3 << 20)
+    assert buf.dtype == torch.float32 and buf.numel() == (3 << 20) // 4 and bool((buf == 1).all())
+    if hasattr(mmap, "MAP_ANONYMOUS"):  # (a huge_page_buffer: advised for huge pages where the OS has them)
+        assert buf.data_ptr() % HUGE_PAGE == 0
+    assert probe_buffer(10).numel() == 64  # (at least 64 floats)
