@@ -10,11 +10,13 @@
 //   kernel_stream peak 0 0 0 0 REPS THREADS          (the tier's integer multiply alone, see peak())
 //   kernel_stream peak-mixed 0 0 0 0 REPS THREADS    (the same with Q4_K's epilogue FMAs, see peak_mixed())
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -155,11 +157,20 @@ int main(int argc, char** argv) {
   const int m = std::atoi(argv[4]), copies = std::atoi(argv[5]), reps = std::atoi(argv[6]);
   const int threads = std::atoi(argv[7]);
   const int64_t bytes = q4 ? n / kRows * (k / kQ4KSuper) * kQ4KRecord : bf16 ? 2 * n * k : n * k;
-  // (64-byte aligned, as the extension's packed weights are: the tile kernel loads them aligned)
-  std::vector<uint8_t> w_alloc(static_cast<size_t>(bytes) * copies + 64);
-  const size_t skip = (64 - reinterpret_cast<uintptr_t>(w_alloc.data()) % 64) % 64;
-  uint8_t* const w = w_alloc.data() + skip;
+  // On huge pages where the OS gives them (SMALL_PAGES=1 in the environment: 4 KiB pages), as the
+  // runtime's weights are mapped from their packed cache files; 2 MiB aligned, so 64-byte aligned
+  // as the tile kernel's loads want.
   const size_t w_size = static_cast<size_t>(bytes) * copies;
+  const bool small_pages = std::getenv("SMALL_PAGES") && std::string(std::getenv("SMALL_PAGES")) == "1";
+  const size_t map_size = w_size + (2u << 20);
+  void* const area = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (area == MAP_FAILED) {
+    std::fprintf(stderr, "cannot map %zu bytes\n", map_size);
+    return 2;
+  }
+  constexpr uintptr_t kHuge = 2u << 20;
+  uint8_t* const w = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(area) + kHuge - 1) & ~(kHuge - 1));
+  madvise(w, w_size, small_pages ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
   for (size_t i = 0; i < w_size; ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   if (bf16)  // finite bf16 weights: exponent bits of every value cleared to 2^-1 .. 2^0
     for (size_t i = 1; i < w_size; i += 2) w[i] = static_cast<uint8_t>((w[i] & 0x80) | 0x3F);

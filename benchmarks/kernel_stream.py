@@ -19,14 +19,18 @@ sixteen (``peak-mixed``): where both share execution pipes this is the Q4_K kern
 and the q4k rows say their share of it too. Both peaks are the best round's (a capability; a
 neighbour busy on one of the cores halves a round's figure).
 
+The weights lie on transparent huge pages where the OS gives them, as the runtime's packed weights
+are mapped from their cache files (``--pages small``: 4 KiB pages; ``both``: each case on both).
+
     python benchmarks/kernel_stream.py [--tier avx512] [--kinds int8,q4k,bf16,int8-amx,q4k-amx] [--shape 8960x1536]
-        [--ms 1,8] [--mib 512] [--reps 5] [--rounds 5] [--threads 2] [--json out.json]
+        [--ms 1,8] [--mib 512] [--reps 5] [--rounds 5] [--threads 2] [--pages huge|small|both] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -67,6 +71,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pages", default="huge", help="huge, small or both: the weights' pages (huge: as mapped)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     tier = dispatch.by_name(args.tier) if args.tier else dispatch.best()
@@ -77,7 +82,10 @@ def main() -> None:
     tile_kinds = [kind for kind in kinds if kind.endswith("-amx")]
     if tile_kinds and tier.name != "amx":
         raise SystemExit(f"kinds {', '.join(tile_kinds)}: the amx tier's tile kernels; the {tier.name} tier has none")
-    runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {(kind, m): [] for kind in kinds for m in ms}
+    pages = ["huge", "small"] if args.pages == "both" else [args.pages]
+    runs: dict[tuple[str, int, str], list[tuple[float, float, float]]] = {
+        (kind, m, p): [] for kind in kinds for m in ms for p in pages
+    }
     peaks: list[float] = []
     mixed: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,11 +101,12 @@ def main() -> None:
             found_mixed = PEAK.search(out)
             assert found_mixed, out
             mixed.append(float(found_mixed.group(1)))
-            for (kind, m), found_times in runs.items():
+            for (kind, m, page), found_times in runs.items():
                 per_matrix = n * k * (144 / 256 if kind.startswith("q4k") else 2 if kind == "bf16" else 1)
                 copies = max(1, int(args.mib * 2**20 / per_matrix))
                 cmd = [str(exe), kind, str(n), str(k), str(m), str(copies), str(args.reps), str(args.threads)]
-                found = LINE.search(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+                env = {**os.environ, "SMALL_PAGES": "1" if page == "small" else "0"}
+                found = LINE.search(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
                 assert found, cmd
                 ms_all, gbps, groups = (float(v) for v in found.groups())
                 found_times.append((ms_all / copies, gbps, groups))
@@ -111,22 +120,24 @@ def main() -> None:
     if peak_q4k > 0:
         share_of_peak = peak_q4k / peak
         print(f"with Q4_K's epilogue FMAs, 5 per 16 multiplies: {peak_q4k:.2f} G groups/s ({share_of_peak:.2f} of it)")
-    columns = ["kernel", "M", "ms per matrix, median [min-max]", "GB/s", "G groups/s", "of the multiply peak"]
+    columns = ["kernel", "M", "pages", "ms per matrix, median [min-max]", "GB/s", "G groups/s", "of the multiply peak"]
     print("| " + " | ".join([*columns, "of the mixed peak"]) + " |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     results: dict[str, Any] = {
         "cpu": cpu_model(), "tier": tier.name, "threads": args.threads, "n": n, "k": k, "peak": peak,
         "peak_q4k_mixed": peak_q4k, "cases": [],
     }  # fmt: skip
-    for (kind, m), values in runs.items():
+    for (kind, m, page), values in runs.items():
         t = [v[0] for v in values]
         med = statistics.median(t)
         gbps, groups = (statistics.median(v[i] for v in values) for i in (1, 2))
         share = f"{groups / peak:.2f}" if peak > 0 and kind != "bf16" else "-"
         share_mixed = f"{groups / peak_q4k:.2f}" if peak_q4k > 0 and kind.startswith("q4k") else "-"
         spread = f"{med:.3f} [{min(t):.3f}-{max(t):.3f}]"
-        print(f"| {kind} | {m} | {spread} | {gbps:.1f} | {groups:.2f} | {share} | {share_mixed} |")
-        results["cases"].append({"kind": kind, "m": m, "ms_median": med, "ms_all": t, "gbps": gbps, "groups": groups})
+        print(f"| {kind} | {m} | {page} | {spread} | {gbps:.1f} | {groups:.2f} | {share} | {share_mixed} |")
+        results["cases"].append(
+            {"kind": kind, "m": m, "pages": page, "ms_median": med, "ms_all": t, "gbps": gbps, "groups": groups}
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
