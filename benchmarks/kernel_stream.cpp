@@ -170,7 +170,11 @@ int main(int argc, char** argv) {
   }
   constexpr uintptr_t kHuge = 2u << 20;
   uint8_t* const w = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(area) + kHuge - 1) & ~(kHuge - 1));
+#ifdef MADV_HUGEPAGE  // (Linux)
   madvise(w, w_size, small_pages ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
+#else
+  (void)small_pages;
+#endif
   for (size_t i = 0; i < w_size; ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   if (bf16)  // finite bf16 weights: exponent bits of every value cleared to 2^-1 .. 2^0
     for (size_t i = 1; i < w_size; i += 2) w[i] = static_cast<uint8_t>((w[i] & 0x80) | 0x3F);
