@@ -139,3 +139,18 @@ def test_cat_adjacent_views_parts_that_lie_back_to_back_and_copies_the_others() 
         assert copy.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr()
         if others[1].dtype == torch.uint8:
             assert torch.equal(copy, torch.cat(others))
+
+
+def test_memory_reports_count_the_bytes_tensors_span_not_the_storage_they_view() -> None:
+    from verispec.bench.local import tensor_bytes
+
+    mapping = torch.zeros(1000, dtype=torch.uint8)  # (as a file's mapping: every weight a view of it)
+    module = torch.nn.Module()
+    module.register_buffer("a", mapping[100:300])
+    module.register_buffer("b", mapping[200:400].view(torch.int16))  # overlaps a: 100 new bytes
+    module.register_buffer("c", mapping[900:910])
+    cache = torch.zeros(4, 8, dtype=torch.float32)
+    root = {"model": module, "caches": [cache[:2]], "whole_cache": cache}
+    assert tensor_bytes(root) == {"weights": 310, "other": 128}
+    strided = torch.zeros(10, 10)[:, 2]  # 10 floats, 9 rows apart: spans 91 of them
+    assert tensor_bytes([strided]) == {"weights": 0, "other": 91 * 4}

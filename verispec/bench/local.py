@@ -160,16 +160,30 @@ class StepWindow:
 
 # ---------------------------------------------------------------------------------------- memory
 def tensor_bytes(root: object) -> dict[str, int]:
-    """Bytes of the distinct tensor storages reachable from ``root`` through attributes, lists and
-    dicts: ``weights`` (parameters and buffers of modules) and ``other`` (KV caches, ...)."""
+    """Bytes of the tensors reachable from ``root`` through attributes, lists and dicts, each byte
+    once (tensors that share a storage count the union of the bytes they span, not the storage:
+    weights mapped from a file are views of the whole file): ``weights`` (parameters and buffers
+    of modules) and ``other`` (KV caches, ...)."""
     seen_objects: set[int] = set()
-    storages: dict[int, tuple[int, bool]] = {}
+    spans: dict[int, list[tuple[int, int]]] = {}  # storage -> [(first byte, end byte)]
+    is_weight: dict[int, bool] = {}
 
     def add(t: torch.Tensor, weight: bool) -> None:
         storage = t.untyped_storage()
         key = storage.data_ptr() or id(storage)
-        old = storages.get(key)
-        storages[key] = (max(storage.nbytes(), old[0] if old else 0), weight or (old[1] if old else False))
+        start = t.storage_offset() * t.element_size()
+        elements = 1 + sum((n - 1) * abs(step) for n, step in zip(t.shape, t.stride(), strict=True)) if t.numel() else 0
+        end = min(start + elements * t.element_size(), storage.nbytes())
+        spans.setdefault(key, []).append((int(start), int(end)))
+        is_weight[key] = weight or is_weight.get(key, False)
+
+    def union(ranges: list[tuple[int, int]]) -> int:
+        total, end = 0, 0
+        for a, b in sorted(ranges):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total
 
     def walk(obj: object, depth: int) -> None:
         if depth > 8 or id(obj) in seen_objects or isinstance(obj, str | bytes | int | float | bool | type(None)):
@@ -198,8 +212,11 @@ def tensor_bytes(root: object) -> dict[str, int]:
                 walk(value, depth + 1)
 
     walk(root, 0)
-    weights = sum(n for n, w in storages.values() if w)
-    return {"weights": weights, "other": sum(n for n, w in storages.values() if not w)}
+    sizes = {key: union(ranges) for key, ranges in spans.items()}
+    return {
+        "weights": sum(n for key, n in sizes.items() if is_weight[key]),
+        "other": sum(n for key, n in sizes.items() if not is_weight[key]),
+    }
 
 
 def _status_kib(field: str) -> int | None:
