@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
   const int64_t n = std::atol(argv[2]), k = std::atol(argv[3]);
   const int m = std::atoi(argv[4]), copies = std::atoi(argv[5]), reps = std::atoi(argv[6]);
   const int threads = std::atoi(argv[7]);
-  const int64_t bytes = q4 ? n / kRows * (k / kQ4KSuper) * kQ4KRecord : bf16 ? 2 * n * k : n * k;
+  // (Q4_K: whole records, and a half record where K is 128 past a multiple of 256, as packed)
+  const int64_t bytes = q4 ? n / kRows * q4k_row_block_bytes(k) : bf16 ? 2 * n * k : n * k;
   // On huge pages where the OS gives them (SMALL_PAGES=1 in the environment: 4 KiB pages), as the
   // runtime's weights are mapped from their packed cache files; 2 MiB aligned, so 64-byte aligned
   // as the tile kernel's loads want.
@@ -178,9 +179,11 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < w_size; ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   if (bf16)  // finite bf16 weights: exponent bits of every value cleared to 2^-1 .. 2^0
     for (size_t i = 1; i < w_size; i += 2) w[i] = static_cast<uint8_t>((w[i] & 0x80) | 0x3F);
-  if (q4)  // every record's fp16 d and dmin: 2^-10 (finite scales)
-    for (int64_t r = 0; r < copies * n / kRows * (k / kQ4KSuper); ++r)
-      for (int j = 0; j < 32; ++j) reinterpret_cast<uint16_t*>(w + r * kQ4KRecord)[j] = 0x1400;
+  if (q4)  // every record's fp16 d and dmin, the half record's too: 2^-10 (finite scales)
+    for (int64_t blk = 0; blk < copies * n / kRows; ++blk)
+      for (int64_t r = 0; r < (k + kQ4KSuper - 1) / kQ4KSuper; ++r)
+        for (int j = 0; j < 32; ++j)
+          reinterpret_cast<uint16_t*>(w + blk * q4k_row_block_bytes(k) + r * kQ4KRecord)[j] = 0x1400;
   std::vector<int32_t> xq(static_cast<size_t>(m) * k / 4), xsum(static_cast<size_t>(m) * k / 32, 7);
   for (size_t i = 0; i < xq.size(); ++i) xq[i] = static_cast<int32_t>(i * 2654435761u);
   std::vector<float> xscale(static_cast<size_t>(m) * ((k + 63) / 64), 0.01f), xmin(static_cast<size_t>(m) * k / 32, 0.5f);
