@@ -154,3 +154,30 @@ def test_memory_reports_count_the_bytes_tensors_span_not_the_storage_they_view()
     assert tensor_bytes(root) == {"weights": 310, "other": 128}
     strided = torch.zeros(10, 10)[:, 2]  # 10 floats, 9 rows apart: spans 91 of them
     assert tensor_bytes([strided]) == {"weights": 0, "other": 91 * 4}
+
+
+def test_safetensors_tensors_are_views_of_one_mapping_where_their_offsets_allow(tmp_path) -> None:
+    import json
+    import struct
+
+    import numpy as np
+
+    from verispec.formats.convert import load_safetensors
+
+    header = {
+        "a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+        "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},  # aligned: a view
+        "c": {"dtype": "U8", "shape": [3], "data_offsets": [12, 15]},
+        "d": {"dtype": "F32", "shape": [2], "data_offsets": [15, 23]},  # 4-byte values at an odd offset
+    }
+    raw = json.dumps(header).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+    data = bytes([1, 2, 3, 4]) + np.array([1.5, -2.0], np.float32).tobytes() + bytes([5, 6, 7])
+    data += np.array([0.25, 8.0], np.float32).tobytes()
+    path = tmp_path / "t.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    t = load_safetensors(path)
+    assert t["a"].tolist() == [1, 2, 3, 4] and t["b"].tolist() == [1.5, -2.0] and t["c"].tolist() == [5, 6, 7]
+    assert t["d"].tolist() == [0.25, 8.0]
+    shared = {t[name].untyped_storage().data_ptr() for name in "abc"}
+    assert len(shared) == 1 and t["a"].untyped_storage().nbytes() == path.stat().st_size
