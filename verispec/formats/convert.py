@@ -237,9 +237,9 @@ def advise_huge_pages(mm: mmap.mmap) -> None:
 
 def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
     """Every tensor of a safetensors file, memory-mapped copy-on-write (nothing is read until
-    used; writing to a tensor never changes the file), as views of one storage where their
-    offsets allow (so tensors that lie back to back can be viewed as one). Raises :class:`ModelLoadError` for a file
-    that is truncated or not safetensors."""
+    used; writing to a tensor never changes the file; :func:`advise_huge_pages`), as views of one
+    storage where their offsets allow (tensors that lie back to back can then be viewed as one).
+    Raises :class:`ModelLoadError` for a file that is truncated or not safetensors."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
