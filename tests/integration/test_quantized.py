@@ -264,6 +264,9 @@ def test_prepared_models_cache_the_packed_weights(
 def test_fused_projections_of_a_cached_model_are_views_of_its_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gguf_path: Path
 ) -> None:
+    from verispec.kernels.hugepages import HUGE_PAGES_ENV
+
+    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)  # (a copy onto huge pages would be no view; serve sets it)
     fake = install_fake_model(tmp_path, monkeypatch, spec=spec())
     registry.prepare(fake.name)
     for precision in ("int4", "int8"):
