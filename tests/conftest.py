@@ -1,5 +1,9 @@
 """Test-session settings shared by every test.
 
+``VERISPEC_HUGE_PAGES`` is put back as the session found it after every test: ``verispec serve``
+run in-process (a live server fixture) sets it (a server moves its weights onto huge pages), which
+would make every later load in that worker copy its weights.
+
 Under pytest-xdist each worker gets its share of the CPU's cores for torch (and the kernels'
 OpenMP regions, and the CLI subprocesses the tests start): two workers that each spin two threads
 on a 2-core machine run an engine case 6x slower than one worker alone.
@@ -8,6 +12,9 @@ on a 2-core machine run an engine case 6x slower than one worker alone.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+
+import pytest
 
 
 def _threads_per_worker() -> int | None:
@@ -27,3 +34,16 @@ def pytest_configure(config: object) -> None:
         import torch
 
         torch.set_num_threads(_THREADS)
+
+
+_HUGE_PAGES = "VERISPEC_HUGE_PAGES"  # (verispec.kernels.hugepages.HUGE_PAGES_ENV; importing it imports torch)
+_HUGE_PAGES_AT_START = os.environ.get(_HUGE_PAGES)
+
+
+@pytest.fixture(autouse=True)
+def _huge_pages_setting_restored() -> Iterator[None]:
+    yield
+    if _HUGE_PAGES_AT_START is None:
+        os.environ.pop(_HUGE_PAGES, None)
+    else:
+        os.environ[_HUGE_PAGES] = _HUGE_PAGES_AT_START
