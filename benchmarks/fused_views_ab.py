@@ -9,7 +9,7 @@ torch's memory (as before), and times decode passes over T new tokens after ``--
 ones, the two taking turns (``ab_passes.py``). Both compute the same bits; the outputs are compared.
 
     python benchmarks/fused_views_ab.py [--role target|draft] [--precision int4] [--widths 1,8]
-        [--rounds 16] [--passes 6] [--context 128] [--threads 2] [--copies-first]
+        [--rounds 16] [--passes 6] [--context 128] [--threads 2] [--copies-first] [--every]
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from verispec.kernels.linear import Bf16Linear, Int8Linear, Q4KLinear, Q6KLinear
 CODES = {Q4KLinear: "q4k", Q6KLinear: "q6k", Int8Linear: "int8", Bf16Linear: "bf16"}
 
 
-def copy_fused(model: torch.nn.Module) -> int:
-    """Copy the codes of every fused projection (``qkv_proj``, ``gate_up_proj``) into torch's
-    memory and rebuild the native layer loop on them; returns the bytes copied."""
+def copy_fused(model: torch.nn.Module, every: bool = False) -> int:
+    """Copy the codes of every fused projection (``qkv_proj``, ``gate_up_proj``; ``every``: of
+    every packed projection) into torch's memory and rebuild the native layer loop on them;
+    returns the bytes copied."""
     copied = 0
     for name, module in model.named_modules():
-        if name.endswith(("qkv_proj", "gate_up_proj")) and type(module) in CODES:
+        if (every or name.endswith(("qkv_proj", "gate_up_proj"))) and type(module) in CODES:
             attr = CODES[type(module)]
             codes = getattr(module, attr).clone()
             setattr(module, attr, codes)
@@ -51,6 +52,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--copies-first", action="store_true", help="load the model to be copied first")
+    ap.add_argument("--every", action="store_true", help="copy every packed projection, not only the fused ones "
+                    "(bf16: as its load did before its packed cache file)")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     spec = DEFAULT_TARGET if args.role == "target" else DEFAULT_DRAFT
@@ -63,7 +66,7 @@ def main() -> None:
         loaded.append(load_model(spec, dtype=precision).model)
         load_s.append(time.perf_counter() - start)
     views, copies = loaded[::-1] if args.copies_first else loaded
-    copied = copy_fused(copies)
+    copied = copy_fused(copies, args.every)
     models = {"views": views, "copies": copies}
 
     gen = torch.Generator().manual_seed(0)
@@ -84,7 +87,8 @@ def main() -> None:
         return run, lambda: caches[name].truncate([args.context])
 
     times = interleaved_passes({n: variant(n) for n in models}, widths, args.rounds, args.passes, vocab, gen)
-    print(f"### {spec} {precision}: fused projections as views of the packed file (views) against copies "
+    what = "every packed projection" if args.every else "fused projections"
+    print(f"### {spec} {precision}: {what} as views of the packed file (views) against copies "
           f"in torch's memory (copies, {copied / 2**20:.0f} MiB); {machine_line()}, {args.rounds} rounds; "
           f"loads {load_s[0]:.2f}, {load_s[1]:.2f} s{', copies first' if args.copies_first else ''}")  # fmt: skip
     print_ratios(times, "views", "copies", widths)

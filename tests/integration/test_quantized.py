@@ -267,11 +267,16 @@ def test_fused_projections_of_a_cached_model_are_views_of_its_file(
     from verispec.kernels.hugepages import HUGE_PAGES_ENV
 
     monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)  # (a copy onto huge pages would be no view; serve sets it)
+    from verispec.formats.loader import bf16_kernel_usable
+
     fake = install_fake_model(tmp_path, monkeypatch, spec=spec())
     registry.prepare(fake.name)
-    for precision in ("int4", "int8"):
-        loaded = load_model(fake.name, dtype=precision)
-        direct = load_model(gguf_path, dtype=precision)  # packed at load time, in memory
+    for precision in ("int4", "int8", "bf16") if bf16_kernel_usable() else ("int4", "int8"):
+        loaded = load_model(fake.name, dtype=precision)  # type: ignore[arg-type]
+        direct = load_model(gguf_path, dtype=precision)  # type: ignore[arg-type]  # packed at load, in memory
+        stamp = packing.cache_path(fake.folder, precision).stat().st_mtime_ns
+        assert load_model(fake.name, dtype=precision).source == packing.cache_path(fake.folder, precision)  # type: ignore[arg-type]
+        assert packing.cache_path(fake.folder, precision).stat().st_mtime_ns == stamp  # read, not rebuilt
         size = packing.cache_path(fake.folder, precision).stat().st_size
         for model, from_file in ((loaded.model, True), (direct.model, False)):
             fused = [m for n, m in model.named_modules() if n.endswith(("qkv_proj", "gate_up_proj"))]

@@ -36,10 +36,16 @@ def logits(m: LoadedModel | Transformer, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids]), None, model.new_cache(1, 32))
 
 
+def bf16_source(fake: FakeModel) -> Path:
+    """Where a prepared model's bf16 projections come from: the kernel's layout, packed once into
+    bf16-packed.safetensors, where bf16 runs on the kernels; else bf16.safetensors as it is."""
+    return fake.folder / ("bf16-packed.safetensors" if bf16_kernel_usable() else "bf16.safetensors")
+
+
 def test_prepared_bf16_loads_the_safetensors_exactly(fake: FakeModel) -> None:
     loaded = load_model(fake.name)
     assert loaded.name == fake.name and loaded.dtype == torch.bfloat16
-    assert loaded.source == fake.folder / "bf16.safetensors" and loaded.load_seconds > 0
+    assert loaded.source == bf16_source(fake) and loaded.load_seconds > 0
     config, state = load_gguf(fake.gguf, torch.bfloat16)
     assert loaded.config == config
     assert loaded.logits_width == config.vocab_size and loaded.vocab_size == config.vocab_size - 1
@@ -73,7 +79,7 @@ def test_direct_gguf_and_prepared_folder_paths(fake: FakeModel) -> None:
     assert direct.name == fake.gguf.stem and direct.source == fake.gguf
     assert direct.vocab_size == direct.logits_width - 1
     by_folder = load_model(str(fake.folder))
-    assert by_folder.name == fake.name and by_folder.source == fake.folder / "bf16.safetensors"
+    assert by_folder.name == fake.name and by_folder.source == bf16_source(fake)
     ids = direct.tokenizer.encode("hello the world")
     assert torch.equal(logits(load_model(fake.gguf), ids), logits(by_folder, ids))
 

@@ -20,8 +20,10 @@
 Precisions (``dtype``): "fp32" (the exact reference), "bf16", and the weight-only quantised "int8"
 and "int4" (activations quantised to int8 per block of 64 inputs, exact int32 sums; the CPU only,
 on verispec's kernels of this CPU's tier, :mod:`verispec.kernels.dispatch`; else :class:`ConfigError`).
-On a CPU whose tier is a vector one a bf16 model's projections are repacked at load time for the
-kernels (about a second per GB; :func:`bf16_kernel_usable`), and bf16 / int8 / int4 models
+On a CPU whose tier is a vector one a bf16 model's projections run on the kernels
+(:func:`bf16_kernel_usable`) in their layout: a prepared model's packed once into
+``bf16-packed.safetensors`` and mapped from it afterwards, others repacked at load time (about a
+second per GB); and bf16 / int8 / int4 models
 attend through the row-by-row kernel (:class:`Transformer` built with ``cpu_kernels=True``: batch-invariant, so
 greedy speculation equals greedy plain decoding in these precisions too); elsewhere bf16 runs on
 torch's kernels.
@@ -197,15 +199,18 @@ def _load_prepared(
         raise ModelLoadError(
             f"{folder / CONFIG_FILE}: malformed ({exc}); run `verispec models prepare {name} --force`"
         ) from exc
-    if precision in QUANTIZED:
+    if precision in QUANTIZED or (dtype == torch.bfloat16 and kernels):
         from verispec.formats import packing
 
         marker = read_json(folder / MARKER_FILE)  # checked by the caller (read_marker): no second digest pass
+        dense = load_safetensors(folder / WEIGHTS_FILE)
+        # bf16 on the kernels: the kernel's layout cached once (a load then maps it, no repacking)
+        weights = packing.WeightSource(state_dict=dense) if precision not in QUANTIZED else None
         packed = packing.load_or_pack(
-            folder, folder / GGUF_FILE, str(marker.get("sha256", "")), config, precision, progress
+            folder, folder / GGUF_FILE, str(marker.get("sha256", "")), config, precision, progress, weights
         )
         source = packing.cache_path(folder, precision)
-        state = packing.merge(load_safetensors(folder / WEIGHTS_FILE), packed)
+        state = packing.merge(dense, packed)
     elif dtype == torch.bfloat16:
         source = folder / WEIGHTS_FILE
         state = load_safetensors(source)

@@ -2,8 +2,9 @@
 cache (:mod:`verispec.models.quantized` says which projection gets which kernel).
 
 Packed tensors are cached beside a prepared model, ``<folder>/int4.safetensors`` /
-``int4-all.safetensors`` / ``int8.safetensors`` (only the packed projections: codes, scales, fp32
-biases; the rest comes from ``bf16.safetensors``), written once, atomically, under a lock, and
+``int4-all.safetensors`` / ``int8.safetensors`` / ``bf16-packed.safetensors`` (the bf16 kernel's
+layout, where bf16 runs on the kernels; only the packed projections: codes, scales, fp32 biases;
+the rest comes from ``bf16.safetensors``), written once, atomically, under a lock, and
 memory-mapped afterwards; the file records the source GGUF's sha256 and the packing format (and
 for int4-all the requantisation's), and is rebuilt when one changes. A plain ``.gguf`` path is
 packed at load time.
@@ -55,7 +56,12 @@ class WeightSource:
 
 
 def plan(source: WeightSource, config: ModelConfig, precision: str) -> dict[str, str]:
-    """``{projection prefix: kind}`` for ``precision`` (see :func:`choose_kind`)."""
+    """``{projection prefix: kind}`` for ``precision`` (see :func:`choose_kind`; "bf16": the bf16
+    kernel's layout for every projection whose input size it takes, the LM head included)."""
+    if precision == "bf16":
+        from verispec.kernels.linear import BF16_ALIGN
+
+        return {s.prefix: "bf16" if s.in_features % BF16_ALIGN == 0 else "dense" for s in linear_specs(config)}
     kinds = {
         s.prefix: choose_kind(precision, source.stored_type(s.source), s.in_features, s.prefix == "lm_head")
         for s in linear_specs(config)
@@ -87,6 +93,8 @@ def _layout(config: ModelConfig, kinds: Mapping[str, str]) -> list[tuple[str, to
             codes.append((s.prefix + ".q4k", torch.uint8, (q4k_packed_numel(s.out_features, s.in_features),)))
         elif kind == "q6k":
             codes.append((s.prefix + ".q6k", torch.uint8, (q6k_packed_numel(s.out_features, s.in_features),)))
+        elif kind == "bf16":
+            codes.append((s.prefix + ".bf16", torch.bfloat16, (rows * s.in_features,)))
         elif kind == "int8":
             codes.append((s.prefix + ".int8", torch.int8, (rows * s.in_features,)))
             small.append((s.prefix + ".int8_scale", torch.float32, (rows,)))
@@ -100,7 +108,7 @@ def _packed_tensors(
 ) -> Iterator[tuple[str, Tensor]]:
     """The tensors of :func:`_layout`, in its order, made one projection at a time (the small ones
     held back until every projection's codes are out)."""
-    from verispec.kernels import Int8Linear, Q4KLinear, Q6KLinear
+    from verispec.kernels import Bf16Linear, Int8Linear, Q4KLinear, Q6KLinear
 
     specs = [s for s in linear_specs(config) if kinds[s.prefix] != "dense"]
     small: list[tuple[str, Tensor]] = []
@@ -112,6 +120,9 @@ def _packed_tensors(
             )
         elif kinds[s.prefix] == "q4k":  # "int4-all": requantised
             module = Q4KLinear.from_weight(source.float32(s.source), bias)
+        elif kinds[s.prefix] == "bf16":  # (a state dict's bf16 values as they are: no fp32 copy)
+            weight = source.state[s.source] if source.state is not None else source.float32(s.source)
+            module = Bf16Linear.from_weight(weight, bias)
         elif kinds[s.prefix] == "q6k":
             module = Q6KLinear.from_blocks(source.blocks(s.source), s.out_features, s.in_features, bias)
         else:
@@ -135,15 +146,18 @@ def pack(
 
 
 def cache_path(folder: Path, precision: str) -> Path:
-    return folder / f"{precision}.safetensors"
+    """The packed cache file of ``precision`` ("bf16": the bf16 kernel's layout, beside the
+    prepared model's own ``bf16.safetensors``)."""
+    return folder / ("bf16-packed.safetensors" if precision == "bf16" else f"{precision}.safetensors")
 
 
 def load_or_pack(
     folder: Path, gguf_path: Path, source_sha256: str, config: ModelConfig, precision: str,
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | None = None, source: WeightSource | None = None,
 ) -> dict[str, Tensor]:  # fmt: skip
     """The packed projections of the prepared model in ``folder``, from its cache file, which is
-    (re)built from ``gguf_path`` first when missing or stale (see the module docstring)."""
+    (re)built from ``gguf_path`` (or ``source``: "bf16" packs the prepared bf16 weights) first when
+    missing or stale (see the module docstring)."""
     from verispec.formats.convert import load_safetensors, read_metadata, write_tensors
     from verispec.formats.requantize import REQUANTIZE_FORMAT
 
@@ -151,7 +165,7 @@ def load_or_pack(
     wanted: dict[str, str | None] = {"packing": PACK_FORMAT, "precision": precision, "source_sha256": source_sha256}
     if precision == "int4-all":  # its requantised blocks change with the fit
         wanted["requantize"] = REQUANTIZE_FORMAT
-    wanted["q6k"] = "native" if native_q6k() and precision != "int8" else None  # (None: no such entry)
+    wanted["q6k"] = "native" if native_q6k() and precision not in ("int8", "bf16") else None  # (None: no entry)
 
     def fresh() -> bool:
         meta = read_metadata(path)
@@ -162,9 +176,9 @@ def load_or_pack(
             if not fresh():  # another process may have built it while we waited
                 start = time.perf_counter()
                 logger.warning("packing %s weights of %s once into %s", precision, folder.name, path.name)
-                source = WeightSource(gguf=GGUFModel(gguf_path))
-                kinds = plan(source, config, precision)
-                tensors = _packed_tensors(source, config, kinds, progress)
+                weights = source or WeightSource(gguf=GGUFModel(gguf_path))
+                kinds = plan(weights, config, precision)
+                tensors = _packed_tensors(weights, config, kinds, progress)
                 metadata = {k: v for k, v in wanted.items() if v is not None}
                 write_tensors(path, _layout(config, kinds), tensors, metadata=metadata)
                 logger.warning("packed in %.1f s", time.perf_counter() - start)
