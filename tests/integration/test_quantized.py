@@ -289,6 +289,22 @@ def test_fused_projections_of_a_cached_model_are_views_of_its_file(
         assert torch.equal(logits[0], logits[1])
 
 
+def test_packing_on_a_full_disk_says_so_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    from collections import namedtuple
+
+    from verispec.errors import ModelLoadError
+
+    fake = install_fake_model(tmp_path, monkeypatch, spec=spec())
+    registry.prepare(fake.name)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(1 << 30, 1 << 30, 1 << 10))
+    with pytest.raises(ModelLoadError, match=r"not enough disk space.*packed for the kernels"):
+        load_model(fake.name, dtype="int8")
+    assert not packing.cache_path(fake.folder, "int8").exists()
+    assert not [p for p in fake.folder.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
 def _wanted(sha: str) -> dict[str, str]:
     return {"packing": quantized.PACK_FORMAT, "precision": "int4", "source_sha256": sha}
 

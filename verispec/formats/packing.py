@@ -13,6 +13,7 @@ packed at load time.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -176,11 +177,16 @@ def load_or_pack(
             if not fresh():  # another process may have built it while we waited
                 start = time.perf_counter()
                 logger.warning("packing %s weights of %s once into %s", precision, folder.name, path.name)
+                from verispec.formats.registry import check_space
+
                 weights = source or WeightSource(gguf=GGUFModel(gguf_path))
                 kinds = plan(weights, config, precision)
+                layout = _layout(config, kinds)
+                size = sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in layout)
+                check_space(folder, size, f"the {precision} weights of {folder.name} packed for the kernels")
                 tensors = _packed_tensors(weights, config, kinds, progress)
                 metadata = {k: v for k, v in wanted.items() if v is not None}
-                write_tensors(path, _layout(config, kinds), tensors, metadata=metadata)
+                write_tensors(path, layout, tensors, metadata=metadata)
                 logger.warning("packed in %.1f s", time.perf_counter() - start)
     return load_safetensors(path)
 

@@ -413,7 +413,8 @@ def _locate_parts(entry: ModelEntry) -> list[Path]:
     return paths
 
 
-def _check_space(folder: Path, needed: int, what: str) -> None:
+def check_space(folder: Path, needed: int, what: str) -> None:
+    """:class:`ModelLoadError` (saying what to do) unless ``folder``'s disk has ``needed`` bytes free and a margin."""
     free = shutil.disk_usage(folder).free
     if free < needed + _SPACE_MARGIN:
         raise ModelLoadError(
@@ -558,12 +559,12 @@ def _build(entry: ModelEntry, paths: list[Path], folder: Path, progress: Progres
 
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
-    _check_space(folder, entry.size, f"{entry.name}'s GGUF file")
+    check_space(folder, entry.size, f"{entry.name}'s GGUF file")
     _join(entry, paths, folder / GGUF_FILE, progress)
     stages["join"] = (t1 := time.perf_counter()) - t0
 
     model = GGUFModel(folder / GGUF_FILE)
-    _check_space(folder, safetensors_bytes(model), f"{entry.name}'s bf16 weights")
+    check_space(folder, safetensors_bytes(model), f"{entry.name}'s bf16 weights")
     write_safetensors(model, folder / WEIGHTS_FILE, metadata={"source_sha256": entry.sha256}, progress=progress)
     stages["convert"] = (t2 := time.perf_counter()) - t1
 
