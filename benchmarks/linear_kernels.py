@@ -51,6 +51,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from verispec.kernels.bandwidth import probe_buffer
+
 sys.path.insert(0, str(Path(__file__).resolve().parent / "prototypes"))
 import woq_amx
 
@@ -202,7 +204,7 @@ def time_interleaved(
 def read_bandwidth_gbps(min_clean: int, budget_s: float) -> dict[str, float]:
     """DRAM read bandwidth of torch's sum with the current threads: a 1 GiB tensor, and 8 MiB
     tensors (a layer's weights) read cold, one after another from 800 MiB of them."""
-    x = torch.ones(2**28, dtype=torch.float32)
+    x = probe_buffer(2**30)  # (on huge pages where the OS gives them, as the weights are mapped)
     s = time_interleaved({"sum": x.sum}, min_clean=min(min_clean, 7), budget_s=budget_s)["sum"]
     big = s.summary(min(min_clean, 7))
     bufs = [torch.ones(2**21) for _ in range(100)]

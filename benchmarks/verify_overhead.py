@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from verispec.config import SamplingParams
+from verispec.kernels.bandwidth import probe_buffer
 from verispec.sampling import make_generator, sample, to_probs
 from verispec.verify import Draft, GreedyRule, RejectionRule
 
@@ -44,7 +45,7 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> float
 
 def read_bandwidth(gib: float, repeats: int) -> float:
     """Bytes per second read by ``x.sum()`` over a ``gib`` GiB fp32 tensor (median of repeats)."""
-    x = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
+    x = probe_buffer(int(gib * 2**30))  # (on huge pages where the OS gives them, as the weights are mapped)
     seconds = median_seconds(x.sum, repeats, warmup=2)
     return x.numel() * 4 / seconds
 
