@@ -17,6 +17,7 @@ def test_doctor_reports_the_cpu_the_kernels_and_the_flags(capsys: pytest.Capture
     kernels = report["kernels"]
     assert kernels["tiers"] == [t.name for t in dispatch.runnable()] and kernels["tiers"][-1] == "portable"
     assert kernels["tier"] == dispatch.selected().name and kernels["status"] in ("ready", "failed")
+    assert report["huge_pages"]["cache_files"] in (True, False, None)  # measured on a scratch file
     cache = kernels["cache"]  # the kernel build folders and their size
     assert cache["path"].endswith("kernels") and cache["builds"] >= (kernels["status"] == "ready") and cache["mb"] >= 0
     if report["kernels"]["status"] == "ready":  # what generate would pick for the default pair

@@ -181,3 +181,19 @@ def test_safetensors_tensors_are_views_of_one_mapping_where_their_offsets_allow(
     assert t["d"].tolist() == [0.25, 8.0]
     shared = {t[name].untyped_storage().data_ptr() for name in "abc"}
     assert len(shared) == 1 and t["a"].untyped_storage().nbytes() == path.stat().st_size
+
+
+def test_whether_cache_files_get_huge_pages_is_measured_and_leaves_nothing(tmp_path) -> None:
+    import sys
+
+    from verispec.cli.doctor import huge_pages_line
+    from verispec.kernels.hugepages import file_huge_pages
+
+    answer = file_huge_pages(tmp_path)
+    assert answer in (True, False, None) and list(tmp_path.iterdir()) == []  # the scratch file is gone
+    if sys.platform.startswith("linux"):
+        assert answer is not None  # (a writable folder, /proc/self/smaps)
+        assert file_huge_pages("/proc/no-such-folder") is None  # cannot be written: not known
+    lines = {True: "read through huge pages", False: "VERISPEC_HUGE_PAGES=1", None: "not measured"}
+    for cache_files, says in lines.items():
+        assert says in huge_pages_line({"transparent": "madvise", "cache_files": cache_files})

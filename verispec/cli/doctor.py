@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Any
 
 #: Instruction sets worth naming: what the kernels need, and what a CPU without them has instead.
@@ -149,10 +150,37 @@ def diagnose(measure_bandwidth: bool = True) -> dict[str, Any]:
         "kernels": kernels,
         "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "read_bandwidth_gbps": round(read_bandwidth(1 << 29, 5)["best"], 1) if measure_bandwidth else None,
+        "huge_pages": huge_pages(),
         "recommended": {"flags": flags_hint, "why": why},
         "loadavg": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     return report
+
+
+def huge_pages() -> dict[str, Any]:
+    """Linux's transparent-huge-page setting, and whether packed weights written to and mapped from
+    the model cache are read through huge pages here (measured: :func:`file_huge_pages`)."""
+    from verispec.formats.registry import verispec_home
+    from verispec.kernels.hugepages import file_huge_pages
+
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    try:
+        chosen = setting.read_text().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        chosen = None
+    return {"transparent": chosen, "cache_files": file_huge_pages(verispec_home())}
+
+
+def huge_pages_line(hp: dict[str, Any]) -> str:
+    if hp["cache_files"]:
+        return f"the model cache's files are read through huge pages (transparent huge pages: {hp['transparent']})"
+    if hp["cache_files"] is False:
+        return (
+            "the model cache's files are read through 4 KiB pages here; VERISPEC_HUGE_PAGES=1 copies the weights "
+            "onto huge pages at load (seconds; verispec serve does it)"
+            + ("" if hp["transparent"] in ("madvise", "always") else f" (transparent huge pages: {hp['transparent']})")
+        )
+    return "not measured here (not Linux, or the model cache cannot be written)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -183,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_row(
         "read bandwidth", "-" if bw is None else f"{bw:.1f} GB/s (512 MiB, best of 5; load {report['loadavg']})"
     )
+    table.add_row("huge pages", huge_pages_line(report["huge_pages"]))
     table.add_row("cuda", ", ".join(report["cuda"]) or "none")
     table.add_row("recommended", f"{report['recommended']['flags']}  ({report['recommended']['why']})")
     Console().print(table)
