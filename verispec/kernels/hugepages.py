@@ -133,11 +133,10 @@ def file_huge_pages(folder: str | os.PathLike[str]) -> bool | None:
             f.flush()
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
                 advise_huge_pages(mm)
-                view = memoryview(mm)
-                total = sum(view[i] for i in range(0, len(mm), 4096))  # touch every page
-                address = torch.frombuffer(mm, dtype=torch.uint8).data_ptr()
-                huge = _smaps_kib(address, "FilePmdMapped")
-                del view
-        return None if huge is None or total < 0 else huge > 0
+                pages = torch.frombuffer(mm, dtype=torch.uint8)
+                pages[::4096].sum()  # (reads every 4 KiB page: the faults map them)
+                huge = _smaps_kib(pages.data_ptr(), "FilePmdMapped")
+                del pages  # (before the mapping closes)
+        return None if huge is None else huge > 0
     except OSError:
         return None
