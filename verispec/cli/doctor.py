@@ -172,6 +172,7 @@ def huge_pages() -> dict[str, Any]:
 
 
 def huge_pages_line(hp: dict[str, Any]) -> str:
+    """The table's line for :func:`huge_pages`' report: what it found, and what to do about it."""
     if hp["cache_files"]:
         return f"the model cache's files are read through huge pages (transparent huge pages: {hp['transparent']})"
     if hp["cache_files"] is False:

@@ -1,4 +1,5 @@
-"""Weights in transparent huge pages: :func:`on_huge_pages`, :func:`move_to_huge_pages`.
+"""Weights in transparent huge pages: :func:`on_huge_pages`, :func:`move_to_huge_pages`, and
+whether the model cache's files get them here, :func:`file_huge_pages`.
 
 A decode pass streams every weight once, so its speed is the memory's read bandwidth, and reads
 over 4 KiB pages pay a TLB miss every 4 KiB and stop the hardware prefetchers at every page
