@@ -12,11 +12,21 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 #: A variant: a pass over the given new tokens ``[1, T]``, and what puts its cache back after it.
 Variant = tuple[Callable[[torch.Tensor], object], Callable[[], object]]
+
+
+def decode_variants(models: dict[str, Any], caches: dict[str, Any], context: int) -> dict[str, Variant]:
+    """Each model's pass over the new tokens into its own cache, the cache put back to ``context``
+    cached tokens after it."""
+    return {
+        name: (lambda new, m=model, c=caches[name]: m(new, None, c), lambda c=caches[name]: c.truncate([context]))
+        for name, model in models.items()
+    }
 
 
 @torch.inference_mode()

@@ -13,7 +13,7 @@ the ways in turn per round):
   it came) or in 2 MiB-aligned writes (``convert.AlignedWriter``), mapped without advice;
 - ``read, no advice`` / ``read, MADV_HUGEPAGE``: the file evicted from the page cache
   (``POSIX_FADV_DONTNEED``) and read back by the mapping's page faults, without and with
-  ``convert.advise_huge_pages`` (also: seconds to fault it all in);
+  ``hugepages.advise_huge_pages`` (also: seconds to fault it all in);
 - ``anonymous 4 KiB`` / ``anonymous huge``: copies in torch's memory and in a huge-page buffer.
 
 With ``--passes N``, also N one-token passes of the default target (int4) after each eviction,
@@ -40,22 +40,8 @@ import verispec.formats.convert as convert
 from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_TARGET, load_model
 from verispec.formats.registry import model_dir
-from verispec.kernels import load
-from verispec.kernels.hugepages import huge_page_buffer
-
-
-def smaps_mib(address: int) -> dict[str, float]:
-    """Rss and FilePmdMapped (MiB) of the mapping holding ``address``."""
-    out, inside = {}, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head in ("Rss:", "FilePmdMapped:"):
-                out[head[:-1]] = int(line.split()[1]) / 1024
-    return out
+from verispec.kernels.bandwidth import read_bandwidth
+from verispec.kernels.hugepages import huge_page_buffer, smaps_fields
 
 
 def evict(path: Path) -> None:
@@ -91,17 +77,6 @@ def copy_file(src: Path, dst: Path, aligned: bool) -> None:
                 f.write(data[at : at + (64 << 20)])
         f.flush()
         os.fsync(f.fileno())
-
-
-def read_gbs(buf: torch.Tensor, reps: int) -> float:
-    reader = load().stream_read
-    reader(buf)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        reader(buf)
-        times.append(time.perf_counter() - start)
-    return buf.nbytes / statistics.median(times) / 1e9
 
 
 @torch.inference_mode()
@@ -144,9 +119,9 @@ def main() -> None:
     touch: dict[str, list[float]] = {}
 
     def measure(name: str, t: torch.Tensor) -> None:
-        results.setdefault(name, []).append(read_gbs(t, args.reps))
+        results.setdefault(name, []).append(read_bandwidth(reps=args.reps, buf=t)["median"])
         if name.startswith(("written", "read")):
-            huge[name] = smaps_mib(t.data_ptr()).get("FilePmdMapped", 0.0)
+            huge[name] = int(smaps_fields(t.data_ptr()).get("FilePmdMapped", "0 kB").split()[0]) / 1024
 
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".file-pages-") as tmp:
         for _ in range(args.rounds):  # each way's mapping is gone before the next one's starts

@@ -18,7 +18,7 @@ import argparse
 import time
 
 import torch
-from ab_passes import Variant, interleaved_passes, print_ratios  # benchmarks/ is on the path
+from ab_passes import decode_variants, interleaved_passes, print_ratios  # benchmarks/ is on the path
 
 from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
@@ -80,13 +80,8 @@ def main() -> None:
     if not torch.equal(first["views"], first["copies"]):
         raise SystemExit("the two copies disagree: the fused views are not the fused projections")
 
-    def variant(name: str) -> Variant:
-        def run(new: torch.Tensor) -> None:
-            models[name](new, None, caches[name])
-
-        return run, lambda: caches[name].truncate([args.context])
-
-    times = interleaved_passes({n: variant(n) for n in models}, widths, args.rounds, args.passes, vocab, gen)
+    variants = decode_variants(models, caches, args.context)
+    times = interleaved_passes(variants, widths, args.rounds, args.passes, vocab, gen)
     what = "every packed projection" if args.every else "fused projections"
     print(f"### {spec} {precision}: {what} as views of the packed file (views) against copies "
           f"in torch's memory (copies, {copied / 2**20:.0f} MiB); {machine_line()}, {args.rounds} rounds; "

@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 import torch
-from ab_passes import Variant, interleaved_passes, print_ratios  # benchmarks/ is on the path
+from ab_passes import decode_variants, interleaved_passes, print_ratios  # benchmarks/ is on the path
 
 from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_TARGET, load_model
@@ -72,10 +72,7 @@ def main() -> None:
             caches[name] = model.new_cache(1, args.context + max(widths))
             last[name] = model(prompt, None, caches[name])[0, -1].float()
         agree = int(last["q6k"].argmax()) == int(last["int8"].argmax())
-    variants: dict[str, Variant] = {
-        name: (lambda new, m=model, c=caches[name]: m(new, None, c), lambda c=caches[name]: c.truncate([args.context]))
-        for name, model in models.items()
-    }
+    variants = decode_variants(models, caches, args.context)
     times = interleaved_passes(variants, widths, args.rounds, args.passes, vocab, gen)
     mb = {name: model.weight_bytes() / 1e6 for name, model in models.items()}
     print(f"### {args.model} int4, whole passes (LM head over every row), {count} Q6_K projections, "

@@ -10,7 +10,7 @@ import torch
 
 from tests.kernels import require_kernels
 from verispec.certify.tiny import tiny_config
-from verispec.kernels.hugepages import HUGE_PAGE, HUGE_PAGES_ENV, move_to_huge_pages, on_huge_pages
+from verispec.kernels.hugepages import HUGE_PAGE, HUGE_PAGES_ENV, move_to_huge_pages, on_huge_pages, smaps_fields
 from verispec.models.transformer import Transformer, random_state_dict
 
 
@@ -72,10 +72,10 @@ class Recorder:
 
 
 def test_aligned_writer_passes_every_byte_on_in_writes_on_2_mib_boundaries() -> None:
-    from verispec.formats.convert import WRITE_ALIGN, AlignedWriter
+    from verispec.formats.convert import AlignedWriter
 
     rng = torch.Generator().manual_seed(0)
-    pieces = [8, 100, WRITE_ALIGN - 108, 3, 3 * WRITE_ALIGN + 5, 0, WRITE_ALIGN, 17, 5 * WRITE_ALIGN // 2]
+    pieces = [8, 100, HUGE_PAGE - 108, 3, 3 * HUGE_PAGE + 5, 0, HUGE_PAGE, 17, 5 * HUGE_PAGE // 2]
     chunks = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=rng).numpy().tobytes() for n in pieces]
     f = Recorder()
     out = AlignedWriter(f)  # type: ignore[arg-type]
@@ -84,22 +84,8 @@ def test_aligned_writer_passes_every_byte_on_in_writes_on_2_mib_boundaries() -> 
     out.close()
     assert bytes(f.data) == b"".join(chunks)
     for start, length in f.writes[:-1]:
-        assert start % WRITE_ALIGN == 0 and length % WRITE_ALIGN == 0 and length > 0
-    assert f.writes[-1][0] % WRITE_ALIGN == 0  # the end: whatever is left, from a boundary
-
-
-def vm_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping holding ``address`` in /proc/self/smaps."""
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    return []
+        assert start % HUGE_PAGE == 0 and length % HUGE_PAGE == 0 and length > 0
+    assert f.writes[-1][0] % HUGE_PAGE == 0  # the end: whatever is left, from a boundary
 
 
 def test_safetensors_mappings_ask_for_huge_pages(tmp_path) -> None:
@@ -115,7 +101,7 @@ def test_safetensors_mappings_ask_for_huge_pages(tmp_path) -> None:
     write_tensors(path, [("w", torch.int8, (3 << 20,))], [("w", weights)])
     loaded = load_safetensors(path)["w"]
     assert torch.equal(loaded, weights)
-    flags = vm_flags(loaded.data_ptr())
+    flags = smaps_fields(loaded.data_ptr()).get("VmFlags", "").split()
     if not flags:
         pytest.skip("no /proc/self/smaps VmFlags here")
     assert "hg" in flags  # (recorded whatever /sys/kernel/mm/transparent_hugepage/enabled says)

@@ -25,7 +25,6 @@ half a file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import mmap
@@ -43,10 +42,10 @@ from verispec.errors import ModelLoadError
 from verispec.formats.files import ProgressFn, atomic_path, write_json
 from verispec.formats.gguf import GGUFModel
 from verispec.formats.tokenizer import Tokenizer
+from verispec.kernels.hugepages import HUGE_PAGE, advise_huge_pages
 from verispec.models.transformer import ROPE_FREQS_KEY
 
 CONFIG_FORMAT = "verispec.ModelConfig/1"
-WRITE_ALIGN = 2 << 20  # bytes: a transparent huge page (x86-64, AArch64 with 4 KiB pages)
 #: Tensors stored in fp32 whatever the weights' dtype: the runtime reads them in fp32.
 FP32_TENSORS = frozenset({ROPE_FREQS_KEY})
 _ALIGN = 8
@@ -183,9 +182,9 @@ def write_tensors(
 
 class AlignedWriter:
     """Passes bytes on to the binary file ``f`` (written from its start) in writes that begin and
-    end on multiples of :data:`WRITE_ALIGN` (2 MiB), the last excepted: a filesystem that keeps
+    end on multiples of ``HUGE_PAGE`` (2 MiB), the last excepted: a filesystem that keeps
     large folios in the page cache then holds the new file in 2 MiB folios, which a mapping of it
-    reads through huge pages (:func:`advise_huge_pages`); unaligned writes leave small ones behind
+    reads through huge pages (``advise_huge_pages``); unaligned writes leave small ones behind
     until the pages are evicted. At most 2 MiB is held back, copied; longer runs go out as they are."""
 
     def __init__(self, f: BinaryIO) -> None:
@@ -194,14 +193,14 @@ class AlignedWriter:
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
         if self.pending:
-            take = min(WRITE_ALIGN - len(self.pending), len(view))
+            take = min(HUGE_PAGE - len(self.pending), len(view))
             self.pending += view[:take]
             view = view[take:]
-            if len(self.pending) < WRITE_ALIGN:
+            if len(self.pending) < HUGE_PAGE:
                 return
             self.f.write(self.pending)
             self.pending = bytearray()
-        whole = len(view) - len(view) % WRITE_ALIGN
+        whole = len(view) - len(view) % HUGE_PAGE
         if whole:
             self.f.write(view[:whole])
         self.pending += view[whole:]
@@ -224,20 +223,9 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else None
 
 
-def advise_huge_pages(mm: mmap.mmap) -> None:
-    """Ask Linux for 2 MiB pages under the file mapping ``mm`` (``MADV_HUGEPAGE``, before any of
-    it is read): where the filesystem keeps large folios in the page cache, the file is read ahead
-    in 2 MiB folios and mapped by huge pages, so a pass streams its weights without a TLB miss every
-    4 KiB; elsewhere (no transparent huge pages, another OS) nothing changes."""
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is not None:
-        with contextlib.suppress(OSError):
-            mm.madvise(advice)
-
-
 def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
     """Every tensor of a safetensors file, memory-mapped copy-on-write (nothing is read until
-    used; writing to a tensor never changes the file; :func:`advise_huge_pages`), as views of one
+    used; writing to a tensor never changes the file; it asks for huge pages), as views of one
     storage where their offsets allow (tensors that lie back to back can then be viewed as one).
     Raises :class:`ModelLoadError` for a file that is truncated or not safetensors."""
     path = Path(path)

@@ -6,18 +6,18 @@ over 4 KiB pages pay a TLB miss every 4 KiB and stop the hardware prefetchers at
 boundary. Linux backs anonymous memory with 2 MiB pages where a mapping asks for them
 (``MADV_HUGEPAGE``) when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` (the usual
 default) or ``always``; torch's allocator does not ask. The packed cache files' mappings do ask
-(``formats.convert.advise_huge_pages``), which gives huge pages only where the filesystem keeps
-large folios in the page cache (ext4 since Linux 6.16, XFS) and the file's pages came in as such
-(read back from disk, or written in 2 MiB pieces as verispec writes them). Two Zen 4 cores in
-``madvise`` mode (``benchmarks/results/huge_pages_zen4.md``): the kernels' ``stream_read`` read
-8-15% more per second from huge pages; one-token passes of the int4 target ran 1.03x faster, of the
-int4-all draft 1.04x-1.09x (copies against the file's small pages). But a process's first huge
-pages cost time to find (the kernel compacts memory, the hypervisor backs it): the default pair's
-load took 2-6 s longer on that machine, which a 128-token ``verispec generate`` does not earn back.
-So the move is made where ``VERISPEC_HUGE_PAGES=1`` (``verispec serve`` sets it unless it is set: a
-server loads once and decodes for hours); ``0`` or unset leaves the weights where they were loaded.
-Where the kernel gives no huge pages (``never``, or no memory to compact) the copy is still
-correct, on small pages.
+(:func:`advise_huge_pages`, from ``formats.convert.load_safetensors``), which gives huge pages only
+where the filesystem keeps large folios in the page cache (ext4 since Linux 6.16, XFS) and the
+file's pages came in as such (read back from disk, or written in 2 MiB pieces as verispec writes
+them). Two Zen 4 cores in ``madvise`` mode (``benchmarks/results/huge_pages_zen4.md``): the
+kernels' ``stream_read`` read 8-15% more per second from huge pages; one-token passes of the int4
+target ran 1.03x faster, of the int4-all draft 1.04x-1.09x (copies against the file's small pages).
+But a process's first huge pages cost time to find (the kernel compacts memory, the hypervisor
+backs it): the default pair's load took 2-6 s longer on that machine, which a 128-token ``verispec
+generate`` does not earn back. So the move is made where ``VERISPEC_HUGE_PAGES=1`` (``verispec
+serve`` sets it unless it is set: a server loads once and decodes for hours); ``0`` or unset leaves
+the weights where they were loaded. Where the kernel gives no huge pages (``never``, or no memory
+to compact) the copy is still correct, on small pages.
 """
 
 from __future__ import annotations
@@ -36,6 +36,17 @@ ALIGN = 64  # bytes: each tensor starts on a cache line, as the kernels' loads e
 HUGE_PAGES_ENV = "VERISPEC_HUGE_PAGES"  # "1": move the packed weights to huge pages
 
 
+def advise_huge_pages(mm: mmap.mmap) -> None:
+    """Ask Linux for 2 MiB pages under the mapping ``mm`` (``MADV_HUGEPAGE``, before any of it is
+    touched). Anonymous memory then gets huge pages; a file's mapping gets them where the
+    filesystem keeps large folios in the page cache (the file is then also read ahead in 2 MiB
+    folios). Elsewhere (no transparent huge pages, another OS) nothing changes: small pages."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        with contextlib.suppress(OSError):
+            mm.madvise(advice)
+
+
 def huge_page_buffer(nbytes: int) -> Tensor:
     """A zeroed uint8 ``[nbytes]`` CPU tensor starting on a huge-page boundary, in an anonymous
     mapping advised for transparent huge pages (where the OS knows the advice; the tensor keeps
@@ -43,10 +54,7 @@ def huge_page_buffer(nbytes: int) -> Tensor:
     if not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows)
         return torch.zeros(nbytes, dtype=torch.uint8)
     area = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is not None:
-        with contextlib.suppress(OSError):  # a kernel without transparent huge pages: small pages then
-            area.madvise(advice)
+    advise_huge_pages(area)
     base = torch.frombuffer(area, dtype=torch.uint8)  # (holds a reference to the mapping)
     start = -base.data_ptr() % HUGE_PAGE
     return base[start : start + nbytes]
@@ -96,21 +104,25 @@ def move_to_huge_pages(model: torch.nn.Module) -> int:
     return sum(c.numel() * c.element_size() for c in copies)
 
 
-def _smaps_kib(address: int, field: str) -> int | None:
-    """``field`` (kB) of the mapping holding ``address`` in /proc/self/smaps; None where unknown."""
+def smaps_fields(address: int) -> dict[str, str]:
+    """The fields of the mapping holding ``address`` in /proc/self/smaps (``{"Rss": "1024 kB",
+    "FilePmdMapped": "0 kB", "VmFlags": "rd wr mr ...", ...}``); empty where there is none."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/self/smaps") as f:
             inside = False
             for line in f:
-                head = line.split()[0]
-                if "-" in head and not head.endswith(":"):
+                head, _, rest = line.partition(" ")
+                if "-" in head and not head.endswith(":"):  # a mapping's first line: its address range
+                    if inside:
+                        break
                     lo, hi = (int(x, 16) for x in head.split("-"))
                     inside = lo <= address < hi
-                elif inside and head == field + ":":
-                    return int(line.split()[1])
+                elif inside:
+                    fields[head.rstrip(":")] = rest.strip()
     except (OSError, ValueError):
-        return None
-    return None
+        return {}
+    return fields
 
 
 def file_huge_pages(folder: str | os.PathLike[str]) -> bool | None:
@@ -121,7 +133,7 @@ def file_huge_pages(folder: str | os.PathLike[str]) -> bool | None:
     folder that cannot be written)."""
     import tempfile
 
-    from verispec.formats.convert import AlignedWriter, advise_huge_pages
+    from verispec.formats.convert import AlignedWriter
 
     if not sys.platform.startswith("linux"):
         return None
@@ -136,8 +148,8 @@ def file_huge_pages(folder: str | os.PathLike[str]) -> bool | None:
                 advise_huge_pages(mm)
                 pages = torch.frombuffer(mm, dtype=torch.uint8)
                 pages[::4096].sum()  # (reads every 4 KiB page: the faults map them)
-                huge = _smaps_kib(pages.data_ptr(), "FilePmdMapped")
+                huge = smaps_fields(pages.data_ptr()).get("FilePmdMapped")
                 del pages  # (before the mapping closes)
-        return None if huge is None else huge > 0
+        return None if huge is None else int(huge.split()[0]) > 0
     except OSError:
         return None
