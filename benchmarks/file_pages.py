@@ -156,7 +156,7 @@ def main() -> None:
 
     if args.passes:
         arms: dict[str, list[float]] = {"no advice": [], "MADV_HUGEPAGE": []}
-        real = convert.advise_huge_pages
+        real = convert.advise_huge_pages  # (the name load_safetensors calls)
         for _ in range(args.rounds):
             for arm, times in arms.items():
                 convert.advise_huge_pages = real if arm == "MADV_HUGEPAGE" else (lambda mm: None)

@@ -2,7 +2,7 @@
 
 Since packing format 5 a packed cache file holds the codes of q / k / v and of gate / up back to
 back, so each fused projection is a view of the file's mapping (huge pages where the filesystem
-gives them: ``convert.advise_huge_pages``); before, fusing copied them into memory torch allocated
+gives them: ``hugepages.advise_huge_pages``); before, fusing copied them into memory torch allocated
 at load (4 KiB pages unless the OS backs them otherwise). This loads a model of the default pair
 twice in one process, one as it loads now and one with every fused projection's codes copied into
 torch's memory (as before), and times decode passes over T new tokens after ``--context`` cached
