@@ -120,7 +120,11 @@ void w8a8_linear_vec(const W8A8Args& a, int64_t begin, int64_t end);
 void w8a8_linear_amx(const W8A8Args& a, int64_t begin, int64_t end);
 // amx tier: calls with at most this many rows run on vectors. Whole 1.5B int8 passes, vectors over
 // tiles (kernels_ab.py, Intel Xeon with AMX, 2 cores, 35 GB/s): 0.89 / 0.93 at 4 / 5 rows, 1.04 /
-// 1.00 / 0.99 at 6 / 7 / 8, 1.12 / 1.21 at 12 / 16.
+// 1.00 / 0.99 at 6 / 7 / 8, 1.12 / 1.21 at 12 / 16. Since the tiles read their sums back two steps
+// late (amx/w8a8.cpp), new tiles over old: 0.90 / 0.93 / 0.87 at 6 / 8 / 12 rows; tiles at every
+// width over this threshold: 1.03 at one row, 1.07 at 5 (alone, the tiles stream one row faster:
+// 0.44 against 0.50 ms per [8960 x 1536], benchmarks/kernel_stream.py; the whole pass does not
+// follow, nor with only the 233 MB LM head on tiles: 1.005).
 constexpr int kW8A8VectorRows = 5;
 
 // ---- GGUF Q4_K weights (amx/q4k.cpp, vec/linear.cpp)

@@ -35,10 +35,13 @@
 //     into two VPDPBUSD operands, then each activation row takes 16 VPDPBUSD and the fp32 steps:
 //     memory-bound at one to a few rows, until VPDPBUSD's throughput takes over;
 //   - AMX (this file) for more rows: the unpacked codes of a sub-block are an int8 B tile (8 groups x 64
-//     bytes), so TDPBSUD gives S_j for up to 16 rows at once; the next block's multiply runs
-//     while a block's sums are stored and scaled. The unpacking, the tile stores and the per-row
-//     fp32 steps bound it, not the multiplies: on an Intel Xeon with AMX it is slower than the
-//     vectors up to 8 rows, as fast from 9 to 12 and faster from 14 (kQ4KVectorRows).
+//     bytes), so TDPBSUD gives S_j for up to 16 rows at once; a record's codes are unpacked
+//     while the one before it multiplies, and a block's sums are scaled two blocks after their
+//     multiply. Its ten tile operations per block bound it, not the multiplies: alone (no
+//     unpacking, no fp32 steps) they take 0.37 ms per [8960 x 1536] at 1 to 8 rows, against 0.28
+//     for the vectors' one row. On an Intel Xeon with AMX it is as fast as the vectors from 5 to 8
+//     rows and faster from 9 (12 rows 0.52 ms against 0.64, 16 rows 0.58 against 0.79;
+//     benchmarks/kernel_stream.py), so calls of up to kQ4KVectorRows rows stay on vectors.
 //
 // Packed layout ("records"): the same bytes as the GGUF blocks, permuted, nothing re-quantised.
 // One record per (block of 16 weight rows, super-block), 2304 = 16 x 144 bytes, records ordered
@@ -50,6 +53,8 @@
 //                bytes: byte 4r + j of group g is qs[32i + 4g + j] of row r. The low nibbles of a
 //                group are one VPDPBUSD operand (lane r: inputs 64i + 4g .. +3 of row r), the high
 //                nibbles another (inputs 64i + 32 + 4g .. +3).
+#include <algorithm>
+
 #include "amx.h"
 #include "../vec/q4k_scales.h"
 
@@ -75,79 +80,108 @@ inline void finish_row(const W8A8Args& a, int64_t nb, int64_t row, __m512 t) {
   store_columns(a.y, a.out_bf16, row * a.N + n0, vec::plus_bias(a.bias, n0, n_valid, vec::F16{t}).v, n_valid);
 }
 
-inline void prefetch_record(const uint8_t* rec) {
-  // (prefetches never fault: past the row block they fetch the next one, which comes next anyway)
-  for (int line = 0; line < kQ4KRecord; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(rec + 2 * kQ4KRecord + line), _MM_HINT_T0);
-}
-
-// AMX tiles: tmm0, tmm1 and tmm6, tmm7 C (rows x 16 int32) of sub-blocks 2i, 2i + 1 of even and
-// odd blocks (one block's sums are stored and added while the next one's multiply runs); tmm2,
-// tmm3 A (rows x 32 activation bytes) of the same; tmm4, tmm5 B (8 groups x 64 bytes: the codes
-// of 16 weight rows x 32 inputs, unpacked from the nibbles). TDPBSUD C += A . B: signed A,
-// unsigned B.
+// AMX tiles: tmm0, tmm1 and tmm2, tmm3 C (rows x 16 int32) of sub-blocks 2i, 2i + 1 of even and
+// odd blocks; tmm4, tmm5 A (rows x 32 activation bytes) of the same; tmm6, tmm7 B (8 groups x 64
+// bytes: the codes of 16 weight rows x 32 inputs, unpacked from the nibbles). TDPBSUD C += A . B:
+// signed A, unsigned B.
 inline void configure_q4k_tiles(int rows) {
   const TileShape c{rows, 64}, a{rows, 32}, b{8, 64};
-  configure_tiles({c, c, a, a, b, b, c, c});
+  configure_tiles({c, c, c, c, a, a, b, b});
 }
 
-// Unpacks the codes of block b (record q) into buf and multiplies them into C tiles C0, C1.
-#define VS_ISSUE(C0, C1, q, buf, b)                                                      \
-  for (int g = 0; g < 8; ++g) {                                                          \
-    const __m512i v = _mm512_load_si512((q) + 64 * g);                                   \
-    _mm512_store_si512((buf) + 64 * g, _mm512_and_si512(v, nibble));                     \
-    _mm512_store_si512((buf) + 512 + 64 * g, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble)); \
-  }                                                                                      \
-  _tile_zero(C0);                                                                        \
-  _tile_zero(C1);                                                                        \
-  VS_TILE_LOADD(2, xc + 64 * (b), a.K);                                                  \
-  VS_TILE_LOADD(4, (buf), 64);                                                           \
-  VS_TILE_LOADD(3, xc + 64 * (b) + 32, a.K);                                             \
-  VS_TILE_LOADD(5, (buf) + 512, 64);                                                     \
-  _tile_dpbsud(C0, 2, 4);                                                                \
-  _tile_dpbsud(C1, 3, 5);
-// Adds the sums of block b (pair i of the record decoded into ss) from C tiles C0, C1 to t.
-#define VS_DRAIN(C0, C1, ss, i, b)                                                                       \
-  _tile_stored(C0, c0, 64);                                                                              \
-  _tile_stored(C1, c1, 64);                                                                              \
-  for (int m = 0; m < R; ++m)                                                                            \
-    t[m] = add_pair(a, ss, i, row0 + m, b, _mm512_load_si512(c0 + 16 * m), _mm512_load_si512(c1 + 16 * m), t[m]);
+// How far behind its multiply a block's sums are read back (in blocks), and the slots of sums in
+// flight. A tile store's bytes do not forward to the loads that follow it, nor vector stores to a
+// tile load: each such read waits until the stores reach the cache. So a record's codes are unpacked
+// while the one before it is multiplied, and a block's sums are added to the rows' totals kDrainLag
+// blocks after its tiles were stored (one store into a slot of the ring, read back later):
+// kernel_stream.py --kinds q4k-amx, [8960 x 1536], 2 threads, Intel Xeon with AMX: 8 / 16 rows
+// 0.44-0.48 / 0.58 ms per matrix, against 0.53 / 0.69 when each read followed its store at once
+// (a lag of 5 blocks: no better).
+constexpr int kDrainLag = 2;
+constexpr int kSlots = 4;  // > kDrainLag + 1, a power of two
+static_assert(kSlots > kDrainLag + 1 && (kSlots & (kSlots - 1)) == 0, "ring of sums");
+static_assert(kDrainLag + 1 <= 4, "the blocks drained lie in this record or the one before (two SubScales)");
+
+// The codes of one quarter of a record (512 bytes: 16 rows x 64 inputs) unpacked into the B
+// operands of its two sub-blocks: low nibbles at buf, high nibbles at buf + 512.
+inline void unpack_quarter(const uint8_t* q, uint8_t* buf) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int g = 0; g < 8; ++g) {
+    const __m512i v = _mm512_load_si512(q + 64 * g);
+    _mm512_store_si512(buf + 64 * g, _mm512_and_si512(v, nibble));
+    _mm512_store_si512(buf + 512 + 64 * g, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+  }
+}
+
+// Block b's multiplies into C tiles C0, C1 (from zero): activations of its two sub-blocks against
+// their unpacked codes at buf.
+#define VS_MULTIPLY(C0, C1, buf, b)                \
+  _tile_zero(C0);                                  \
+  _tile_zero(C1);                                  \
+  VS_TILE_LOADD(4, xc + 64 * (b), a.K);            \
+  VS_TILE_LOADD(6, (buf), 64);                     \
+  _tile_dpbsud(C0, 4, 6);                          \
+  VS_TILE_LOADD(5, xc + 64 * (b) + 32, a.K);       \
+  VS_TILE_LOADD(7, (buf) + 512, 64);               \
+  _tile_dpbsud(C1, 5, 7);
+#define VS_STORE(C0, C1, b)                              \
+  _tile_stored(C0, sums[(b) & (kSlots - 1)][0], 64);     \
+  _tile_stored(C1, sums[(b) & (kSlots - 1)][1], 64);
 
 // AMX: rows row0 .. row0 + R of x (the rows the tiles are configured with) against block nb.
+// Block b (record b / 4, quarter b % 4) is multiplied on C tiles 0, 1 when even, 2, 3 when odd;
+// its sums are stored while block b + 1 multiplies, and added to t kDrainLag blocks later, in
+// block order.
 template <int R>
 void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
-  alignas(64) uint8_t buf0[1024], buf1[1024];
-  alignas(64) int32_t c0[R * 16], c1[R * 16];
-  const int64_t nsb = a.K / kQ4KSuper;
-  const uint8_t* rec = a.w + nb * nsb * kQ4KRecord;
+  alignas(64) uint8_t codes[2][4 * 1024];      // unpacked codes of two records: this one, the next
+  alignas(64) int32_t sums[kSlots][2][R * 16];  // C tiles stored: the ring
+  SubScales s[2];                               // of this record and the one before
+  const int64_t nsb = a.K / kQ4KSuper, nblk = 4 * nsb;
+  const uint8_t* rec0 = a.w + nb * nsb * kQ4KRecord;
   const int8_t* xc = a.xq + row0 * a.K;
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
   __m512 t[R];
   for (int m = 0; m < R; ++m) t[m] = _mm512_setzero_ps();
-  SubScales s[2];  // of the current record and the one before
-  for (int64_t sb = 0; sb < nsb; ++sb, rec += kQ4KRecord) {
-    prefetch_record(rec);
-    SubScales& cur = s[sb & 1];
-    const SubScales& prev = s[(sb & 1) ^ 1];
-    decode_scales(rec, cur);
-    const uint8_t* q = rec + kQ4KHeader;
-    const int64_t b = 4 * sb;
-    VS_ISSUE(0, 1, q, buf0, b)
-    if (sb > 0) {
-      VS_DRAIN(6, 7, prev, 3, b - 1)
+  auto drain = [&](int64_t b) {
+    const SubScales& ss = s[(b >> 2) & 1];
+    const int32_t* c0 = sums[b & (kSlots - 1)][0];
+    const int32_t* c1 = sums[b & (kSlots - 1)][1];
+    for (int m = 0; m < R; ++m)
+      t[m] = add_pair(a, ss, static_cast<int>(b & 3), row0 + m, b, _mm512_load_si512(c0 + 16 * m),
+                      _mm512_load_si512(c1 + 16 * m), t[m]);
+  };
+  for (int i = 0; i < 4; ++i) unpack_quarter(rec0 + kQ4KHeader + 512 * i, codes[0] + 1024 * i);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = rec0 + sb * kQ4KRecord;
+    decode_scales(rec, s[sb & 1]);  // (over record sb - 2's, whose last block was drained in sb - 1)
+    const uint8_t* here = codes[sb & 1];
+    uint8_t* next = codes[(sb & 1) ^ 1];
+    const bool more = sb + 1 < nsb;
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      // (prefetches never fault: past the row block they fetch the next one, which comes next anyway)
+      for (int line = 576 * i; line < 576 * (i + 1); line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(rec + 3 * kQ4KRecord + line), _MM_HINT_T0);
+      const int64_t b = 4 * sb + i;
+      if (i % 2 == 0) {
+        VS_MULTIPLY(0, 1, here + 1024 * i, b)
+        if (b > 0) {
+          VS_STORE(2, 3, b - 1)
+        }
+      } else {
+        VS_MULTIPLY(2, 3, here + 1024 * i, b)
+        VS_STORE(0, 1, b - 1)
+      }
+      if (b - 1 - kDrainLag >= 0) drain(b - 1 - kDrainLag);
+      if (more) unpack_quarter(rec + kQ4KRecord + kQ4KHeader + 512 * i, next + 1024 * i);
     }
-    VS_ISSUE(6, 7, q + 512, buf1, b + 1)
-    VS_DRAIN(0, 1, cur, 0, b)
-    VS_ISSUE(0, 1, q + 1024, buf0, b + 2)
-    VS_DRAIN(6, 7, cur, 1, b + 1)
-    VS_ISSUE(6, 7, q + 1536, buf1, b + 3)
-    VS_DRAIN(0, 1, cur, 2, b + 2)
   }
-  VS_DRAIN(6, 7, s[(nsb - 1) & 1], 3, 4 * nsb - 1)
+  VS_STORE(2, 3, nblk - 1)  // (nblk is a multiple of 4: the last block is odd)
+  for (int64_t b = std::max<int64_t>(0, nblk - 1 - kDrainLag); b < nblk; ++b) drain(b);
   for (int m = 0; m < R; ++m) finish_row(a, nb, row0 + m, t[m]);
 }
-#undef VS_ISSUE
-#undef VS_DRAIN
+#undef VS_MULTIPLY
+#undef VS_STORE
 
 using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
 constexpr auto kAmxFns = rows_table<16>([](auto r) { return &amx_rows<decltype(r)::value>; });

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "amx.h"
 
@@ -52,16 +53,23 @@ namespace {
 
 constexpr int kGroup = 64;               // bytes per group of 4 inputs x 16 rows
 constexpr int kStepBytes = 16 * kGroup;  // one AMX B tile: 64 inputs x 16 rows
-constexpr int kPrefetchBytes = 2048;     // how far ahead of its loads the weight stream is prefetched
+// How far ahead of its loads the tile kernel prefetches the weight stream: [8960 x 1536] at 8 rows,
+// 0.516 ms per matrix with 1 KiB, 0.522 with 512 B, 0.526-0.531 with 1.5-2 KiB, 0.568 with 4 KiB
+// (benchmarks/kernel_stream.py --kinds int8-amx, 2 threads, Intel Xeon with AMX).
+constexpr int kPrefetchBytes = 1024;
 
 inline int64_t blocks_of(int64_t k) { return (k + kW8A8Block - 1) / kW8A8Block; }
 
-// t + float(s - 128 * sum p) * scale_x of activation row `row`, block b (see the top).
-inline __m512 add_block(const W8A8Args& a, int64_t row, int64_t b, __m512i s, __m512 t) {
+// 128 * sum p of activation row `row`, block b (see the top): what the offset weights add.
+inline int32_t block_offset(const W8A8Args& a, int64_t row, int64_t b) {
   const int64_t halves = a.K / 32;
   const int32_t* sums = a.xsum + row * halves + 2 * b;
-  const int32_t sum = 2 * b + 1 < halves ? sums[0] + sums[1] : sums[0];
-  s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * sum));
+  return 128 * (2 * b + 1 < halves ? sums[0] + sums[1] : sums[0]);
+}
+
+// t + float(s - offset) * scale_x of activation row `row`, block b, offset its block_offset.
+inline __m512 add_block(const W8A8Args& a, int64_t row, int64_t b, int32_t offset, __m512i s, __m512 t) {
+  s = _mm512_sub_epi32(s, _mm512_set1_epi32(offset));
   return _mm512_add_ps(t, _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a.xscale[row * blocks_of(a.K) + b])));
 }
 
@@ -73,74 +81,70 @@ inline void finish_row(const W8A8Args& a, int64_t nb, int64_t row, __m512 t) {
   store_columns(a.y, a.out_bf16, row * a.N + n0, vec::plus_bias(a.bias, n0, n_valid, vec::F16{v}).v, n_valid);
 }
 
-using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
+using RowsFn = void (*)(const W8A8Args&, const int32_t*, int64_t, int64_t);
 
-// AMX tiles: tmm0..tmm3 C (rows x 16 int32: two pairs of steps in flight), tmm4, tmm5 A (rows x
-// 64 activation bytes), tmm6, tmm7 B (16 groups x 64 weight bytes). TDPBSUD C += A . B: signed A,
-// unsigned B.
+// AMX tiles: tmm0, tmm1 C (rows x 16 int32) of even and odd steps, tmm4, tmm5 A (rows x 64
+// activation bytes) of the same, tmm6, tmm7 B (16 groups x 64 weight bytes); tmm2, tmm3 unused.
+// TDPBSUD C += A . B: signed A, unsigned B.
 inline void configure_int8_tiles(int rows) {
-  const TileShape c{rows, 64}, b{kRows, 64};
-  configure_tiles({c, c, c, c, c, c, b, b});
+  const TileShape c{rows, 64}, a{rows, 64}, b{kRows, 64}, none{0, 0};
+  configure_tiles({c, c, none, none, a, a, b, b});
 }
 
-// Steps s, s + 1 (two activation blocks) into C tiles C0, C1, from zero.
-#define VS_PAIR(C0, C1, s)                                      \
-  _tile_zero(C0);                                               \
-  _tile_zero(C1);                                               \
-  VS_TILE_LOADD(4, xc + (s) * 64, a.K);                         \
-  VS_TILE_LOADD(6, blk + (s) * kStepBytes, 64);                 \
-  _tile_dpbsud(C0, 4, 6);                                       \
-  VS_TILE_LOADD(5, xc + ((s) + 1) * 64, a.K);                   \
-  VS_TILE_LOADD(7, blk + ((s) + 1) * kStepBytes, 64);           \
-  _tile_dpbsud(C1, 5, 7);
-// The sums of steps s, s + 1 from C tiles C0, C1 added to t, in block order.
-#define VS_DRAIN(C0, C1, s)      \
-  _tile_stored(C0, c0, 64);      \
-  _tile_stored(C1, c1, 64);      \
-  add(c0, s);                    \
-  add(c1, (s) + 1);
+// How many steps behind its multiply a step's sums are read back, and the slots of sums in flight:
+// a step's sums are stored while the next step multiplies and added to the rows' totals kDrainLag
+// steps later, as amx/q4k.cpp does (whose reads right after their tile stores cost it dearly).
+// Here 1, 2 or 4 steps cost the same; with the offsets made once per call and the prefetch
+// distance above, 8 rows of [8960 x 1536] take 0.51-0.52 ms instead of 0.62 when each step's sums
+// were read back at once (benchmarks/kernel_stream.py --kinds int8-amx, Intel Xeon with AMX).
+constexpr int kDrainLag = 2;
+constexpr int kSlots = 4;  // > kDrainLag + 1, a power of two
+static_assert(kSlots > kDrainLag + 1 && (kSlots & (kSlots - 1)) == 0, "ring of sums");
+
+// Step s (64 inputs: one activation block) into C tile C from zero, with A tile A and B tile B.
+#define VS_STEP(C, A, B, s)                         \
+  _tile_zero(C);                                    \
+  VS_TILE_LOADD(A, xc + (s) * 64, a.K);             \
+  VS_TILE_LOADD(B, blk + (s) * kStepBytes, 64);     \
+  _tile_dpbsud(C, A, B);
 
 // AMX: block nb for the R rows from row0 (the rows the tiles are configured with). A tile step
-// (64 inputs) is one activation block: its C tile starts from zero, and is stored and added to
-// the row sums while the next pair of steps runs on the other two C tiles.
+// (64 inputs) is one activation block: even steps run on C tile 0, odd ones on 1; a step's sums
+// are stored while the next step multiplies and added to the row sums kDrainLag steps later, in
+// step order.
+// offsets: block_offset of every row and whole step, step major ([steps][M]), made once per call.
 template <int R>
-void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
-  alignas(64) int32_t c0[R * 16], c1[R * 16];
+void amx_rows(const W8A8Args& a, const int32_t* offsets, int64_t nb, int64_t row0) {
+  alignas(64) int32_t sums[kSlots][R * 16];
   __m512 t[R];
   for (int m = 0; m < R; ++m) t[m] = _mm512_setzero_ps();
-  auto add = [&](const int32_t* c, int64_t b) {
-    for (int m = 0; m < R; ++m) t[m] = add_block(a, row0 + m, b, _mm512_load_si512(c + 16 * m), t[m]);
-  };
-  const int64_t steps = a.K / 64, pairs = steps / 2;
+  const int64_t steps = a.K / 64;
   const uint8_t* blk = a.w + nb * (a.K / 4) * kGroup;
   const int8_t* xc = a.xq + row0 * a.K;
-  if (pairs > 0) {
-    VS_PAIR(0, 1, 0)
-    int64_t p = 1;  // pair p runs on C tiles 2, 3 when odd, 0, 1 when even
-    for (; p + 2 <= pairs; p += 2) {
-      const uint8_t* ahead = blk + 2 * p * kStepBytes + kPrefetchBytes;
-      for (int line = 0; line < 4 * kStepBytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-      VS_PAIR(2, 3, 2 * p)
-      VS_DRAIN(0, 1, 2 * p - 2)
-      VS_PAIR(0, 1, 2 * p + 2)
-      VS_DRAIN(2, 3, 2 * p)
-    }
-    if (p < pairs) {
-      VS_PAIR(2, 3, 2 * p)
-      VS_DRAIN(0, 1, 2 * p - 2)
-      VS_DRAIN(2, 3, 2 * p)
+  auto drain = [&](int64_t s) {
+    const int32_t* c = sums[s & (kSlots - 1)];
+    const int32_t* off = offsets + s * a.M + row0;
+    for (int m = 0; m < R; ++m) t[m] = add_block(a, row0 + m, s, off[m], _mm512_load_si512(c + 16 * m), t[m]);
+  };
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint8_t* ahead = blk + s * kStepBytes + kPrefetchBytes;
+    for (int line = 0; line < kStepBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+    if (s % 2 == 0) {
+      VS_STEP(0, 4, 6, s)
+      if (s > 0) _tile_stored(1, sums[(s - 1) & (kSlots - 1)], 64);
     } else {
-      VS_DRAIN(0, 1, 2 * p - 2)
+      VS_STEP(1, 5, 7, s)
+      _tile_stored(0, sums[(s - 1) & (kSlots - 1)], 64);
     }
+    if (s - 1 - kDrainLag >= 0) drain(s - 1 - kDrainLag);
   }
-  if (steps % 2) {
-    _tile_zero(0);
-    VS_TILE_LOADD(4, xc + (steps - 1) * 64, a.K);
-    VS_TILE_LOADD(6, blk + (steps - 1) * kStepBytes, 64);
-    _tile_dpbsud(0, 4, 6);
-    _tile_stored(0, c0, 64);
-    add(c0, steps - 1);
+  if (steps > 0) {
+    if ((steps - 1) % 2 == 0)
+      _tile_stored(0, sums[(steps - 1) & (kSlots - 1)], 64);
+    else
+      _tile_stored(1, sums[(steps - 1) & (kSlots - 1)], 64);
+    for (int64_t s = std::max<int64_t>(0, steps - 1 - kDrainLag); s < steps; ++s) drain(s);
   }
   const int64_t groups = a.K / 4;
   for (int m = 0; m < R; ++m) {
@@ -149,29 +153,32 @@ void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
       __m512i acc = _mm512_setzero_si512();
       for (int64_t g = steps * 16; g < groups; ++g)
         acc = _mm512_dpbusd_epi32(acc, _mm512_load_si512(blk + g * kGroup), _mm512_set1_epi32(xr[g]));
-      t[m] = add_block(a, row0 + m, steps, acc, t[m]);
+      t[m] = add_block(a, row0 + m, steps, block_offset(a, row0 + m, steps), acc, t[m]);
     }
     finish_row(a, nb, row0 + m, t[m]);
   }
 }
-#undef VS_PAIR
-#undef VS_DRAIN
+#undef VS_STEP
 
 constexpr auto kAmxFns = rows_table<16>([](auto r) { return &amx_rows<decltype(r)::value>; });
 
 // AMX: every row, 16 at a time (then the rest) over the same block.
 void amx_blocks(const W8A8Args& a, int64_t begin, int64_t end) {
+  const int64_t steps = a.K / 64;
+  std::vector<int32_t> offsets(steps * a.M);
+  for (int64_t s = 0; s < steps; ++s)
+    for (int64_t m = 0; m < a.M; ++m) offsets[s * a.M + m] = block_offset(a, m, s);
   const int64_t full = a.M / kRows;
   const int rest = static_cast<int>(a.M % kRows);
   if (full) {
     configure_int8_tiles(kRows);
     for (int64_t nb = begin; nb < end; ++nb)
-      for (int64_t c = 0; c < full; ++c) amx_rows<kRows>(a, nb, c * kRows);
+      for (int64_t c = 0; c < full; ++c) amx_rows<kRows>(a, offsets.data(), nb, c * kRows);
   }
   if (rest) {
     configure_int8_tiles(rest);
     const RowsFn fn = pick_rows(kAmxFns, rest);
-    for (int64_t nb = begin; nb < end; ++nb) fn(a, nb, full * kRows);
+    for (int64_t nb = begin; nb < end; ++nb) fn(a, offsets.data(), nb, full * kRows);
   }
   _tile_release();
 }
