@@ -4,7 +4,7 @@ A requantised projection of 896 inputs (the 0.5B draft's q/k/v/o and gate/up) is
 128s: two and a half super-blocks of 256 are stored as three records and a half one (1280 bytes
 instead of 2304 for the last). The layout it replaced stored the zero half too. This benchmark
 loads the model once per layout ("half": as verispec packs it; "whole": every half record followed
-by the 1024 bytes of codes it leaves out, as the AMX tiles take them, the kernels told to read
+by the 1024 bytes of codes it leaves out, the kernels told to read
 K = 1024; both copied into fresh memory) and times decoder passes of T new tokens after
 ``--context`` cached ones, without the LM head (a draft pass scores its restricted head
 separately), the two taking turns every round. Reported: each layout's median
@@ -31,8 +31,7 @@ from verispec.kernels.linear import Q4KLinear
 def relayout(model: Any, whole: bool) -> int:
     """Copy every Q4_K projection of ``model`` that ends in half records into fresh memory (both
     layouts alike, so that they differ in layout alone: the model as loaded maps its cache file),
-    with ``whole``, in the whole-record layout the AMX tiles take (``q4k_whole_records``: the
-    same weights); rebuild its native layer loop and return how many projections it copied."""
+    with ``whole``, in the whole-record layout (``q4k_whole_records``: the same weights); rebuild its native layer loop and return how many projections it copied."""
     changed = 0
     for module in model.modules():
         if isinstance(module, Q4KLinear) and module.packed_in_features % 256:

@@ -177,9 +177,9 @@ def test_q4k_half_record_is_the_arithmetic_of_the_padded_rows(m: int) -> None:
 
 
 def test_q4k_half_records_on_every_engine() -> None:
-    """The whole-record copy the AMX tiles take (q4k_whole_records) holds the same weights, and
-    every engine gives the vector kernels' bits on a matrix ending in a half record (the tiles, on
-    the amx tier, through that copy; a tier without tiles refuses them as for whole records)."""
+    """The whole-record copy (q4k_whole_records) holds the same weights, and every engine gives
+    the vector kernels' bits on a matrix ending in a half record (the tiles, on the amx tier, read
+    the half records as they are; a tier without tiles refuses them as for whole records)."""
     from verispec.kernels import Q4KLinear
 
     kernels = require_kernels()
@@ -201,6 +201,13 @@ def test_q4k_half_records_on_every_engine() -> None:
         else:
             with pytest.raises(RuntimeError, match="AMX is not available"):
                 kernels.q4k_linear(x, half.q4k, n, k, half.bias, 2)
+    if kernels.tier() == "amx":  # a half record alone, and after one whole record
+        for k in (128, 384):
+            lin = Q4KLinear.from_weight(torch.randn(n, k, generator=gen) * 0.1)
+            for m in (1, 6, 16, 17):
+                x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+                vectors = kernels.q4k_linear(x, lin.q4k, n, k, None, 1)
+                assert torch.equal(kernels.q4k_linear(x, lin.q4k, n, k, None, 2), vectors), (k, m)
 
 
 @pytest.mark.parametrize("m", (1, 5, 40))

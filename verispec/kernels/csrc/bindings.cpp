@@ -158,7 +158,7 @@ at::Tensor q4k_dequantize_packed(const at::Tensor& packed, int64_t n, int64_t k)
 // Packed Q4_K weights of k = 256 s + 128 inputs (row blocks ending in a half record) in the
 // whole-record layout of k + 128 inputs: each row block's bytes followed by the 1024 bytes of
 // codes its half record leaves out, as zeros (those sub-blocks' scales and mins are zero: the
-// weights are the same). What the AMX tiles take.
+// weights are the same): the layout benchmarks/q4k_half_records_ab.py compares half records with.
 at::Tensor q4k_whole_records(const at::Tensor& packed, int64_t n, int64_t k) {
   check_q4k_inputs(k);
   TORCH_CHECK(k % kQ4KSuper != 0, "Q4_K rows of ", k, " inputs are whole records already");
@@ -175,9 +175,7 @@ at::Tensor q4k_whole_records(const at::Tensor& packed, int64_t n, int64_t k) {
 
 // x [M, K] with K = k, or narrower by less than 256 when the weights were padded with zeros (a
 // requantised projection): x is quantised as if padded with zeros alike (without a padded copy),
-// which adds nothing. Where the AMX tiles run and the rows end in a half record, they run on a
-// whole-record copy made for the call (q4k_whole_records: a copy of the weights against a
-// many-row product; the same bits as the vector kernels on the half records).
+// which adds nothing. Both engines read rows that end in a half record as they are.
 at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                       const c10::optional<at::Tensor>& bias, int64_t engine) {
   check_q4k_inputs(k);
@@ -185,7 +183,6 @@ at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
               "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x.sizes());
   check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
   const bool amx = tiles_for(x.size(0), engine, kQ4KVectorRows);
-  if (amx && k % kQ4KSuper != 0) return q4k_matmul(x, q4k_whole_records(packed, n, k), n, k + kQ4KHalf, bias, engine);
   at::Tensor y = at::empty({x.size(0), n}, x.options());
   Quantized keep;
   W8A8Args a = quantized_args(x, y, n, k, bias, true, !amx, keep);

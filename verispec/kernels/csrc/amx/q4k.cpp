@@ -137,8 +137,9 @@ void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
   alignas(64) uint8_t codes[2][4 * 1024];      // unpacked codes of two records: this one, the next
   alignas(64) int32_t sums[kSlots][2][R * 16];  // C tiles stored: the ring
   SubScales s[2];                               // of this record and the one before
-  const int64_t nsb = a.K / kQ4KSuper, nblk = 4 * nsb;
-  const uint8_t* rec0 = a.w + nb * nsb * kQ4KRecord;
+  // records of the row block: whole ones, then a half one when K % 256 = 128 (common.h)
+  const int64_t records = (a.K + kQ4KSuper - 1) / kQ4KSuper, nblk = a.K / 64;  // nblk: even
+  const uint8_t* rec0 = a.w + nb * q4k_row_block_bytes(a.K);
   const int8_t* xc = a.xq + row0 * a.K;
   __m512 t[R];
   for (int m = 0; m < R; ++m) t[m] = _mm512_setzero_ps();
@@ -150,15 +151,16 @@ void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
       t[m] = add_pair(a, ss, static_cast<int>(b & 3), row0 + m, b, _mm512_load_si512(c0 + 16 * m),
                       _mm512_load_si512(c1 + 16 * m), t[m]);
   };
-  for (int i = 0; i < 4; ++i) unpack_quarter(rec0 + kQ4KHeader + 512 * i, codes[0] + 1024 * i);
-  for (int64_t sb = 0; sb < nsb; ++sb) {
+  for (int i = 0; i < q4k_quarters(a.K, 0); ++i) unpack_quarter(rec0 + kQ4KHeader + 512 * i, codes[0] + 1024 * i);
+  for (int64_t sb = 0; sb < records; ++sb) {
     const uint8_t* rec = rec0 + sb * kQ4KRecord;
     decode_scales(rec, s[sb & 1]);  // (over record sb - 2's, whose last block was drained in sb - 1)
     const uint8_t* here = codes[sb & 1];
     uint8_t* next = codes[(sb & 1) ^ 1];
-    const bool more = sb + 1 < nsb;
+    const int quarters = q4k_quarters(a.K, sb), next_quarters = sb + 1 < records ? q4k_quarters(a.K, sb + 1) : 0;
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
+      if (i == quarters) break;
       // (prefetches never fault: past the row block they fetch the next one, which comes next anyway)
       for (int line = 576 * i; line < 576 * (i + 1); line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(rec + 3 * kQ4KRecord + line), _MM_HINT_T0);
@@ -173,10 +175,10 @@ void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
         VS_STORE(0, 1, b - 1)
       }
       if (b - 1 - kDrainLag >= 0) drain(b - 1 - kDrainLag);
-      if (more) unpack_quarter(rec + kQ4KRecord + kQ4KHeader + 512 * i, next + 1024 * i);
+      if (i < next_quarters) unpack_quarter(rec + kQ4KRecord + kQ4KHeader + 512 * i, next + 1024 * i);
     }
   }
-  VS_STORE(2, 3, nblk - 1)  // (nblk is a multiple of 4: the last block is odd)
+  VS_STORE(2, 3, nblk - 1)  // (the last block is odd: K is a multiple of 128)
   for (int64_t b = std::max<int64_t>(0, nblk - 1 - kDrainLag); b < nblk; ++b) drain(b);
   for (int m = 0; m < R; ++m) finish_row(a, nb, row0 + m, t[m]);
 }
