@@ -90,13 +90,13 @@ inline void configure_q4k_tiles(int rows) {
 }
 
 // How far behind its multiply a block's sums are read back (in blocks), and the slots of sums in
-// flight. A tile store's bytes do not forward to the loads that follow it, nor vector stores to a
-// tile load: each such read waits until the stores reach the cache. So a record's codes are unpacked
-// while the one before it is multiplied, and a block's sums are added to the rows' totals kDrainLag
-// blocks after its tiles were stored (one store into a slot of the ring, read back later):
-// kernel_stream.py --kinds q4k-amx, [8960 x 1536], 2 threads, Intel Xeon with AMX: 8 / 16 rows
-// 0.44-0.48 / 0.58 ms per matrix, against 0.53 / 0.69 when each read followed its store at once
-// (a lag of 5 blocks: no better).
+// flight. No read follows the stores it reads at once: a record's codes are unpacked (vector
+// stores) while the one before it is multiplied, and a block's sums (tile stores) are added to the
+// rows' totals kDrainLag blocks after its tiles were stored, into a slot of the ring. Both together,
+// against a kernel whose tile loads and vector loads each followed their stores at once
+// (kernel_stream.py --kinds q4k-amx, [8960 x 1536], 2 threads, Intel Xeon with AMX): 8 / 16 rows
+// 0.44-0.48 / 0.58 ms per matrix instead of 0.53 / 0.69 (which of the two earned what was not
+// measured apart; a lag of 5 blocks: no better than 2).
 constexpr int kDrainLag = 2;
 constexpr int kSlots = 4;  // > kDrainLag + 1, a power of two
 static_assert(kSlots > kDrainLag + 1 && (kSlots & (kSlots - 1)) == 0, "ring of sums");

@@ -93,10 +93,10 @@ inline void configure_int8_tiles(int rows) {
 
 // How many steps behind its multiply a step's sums are read back, and the slots of sums in flight:
 // a step's sums are stored while the next step multiplies and added to the rows' totals kDrainLag
-// steps later, as amx/q4k.cpp does (whose reads right after their tile stores cost it dearly).
-// Here 1, 2 or 4 steps cost the same; with the offsets made once per call and the prefetch
-// distance above, 8 rows of [8960 x 1536] take 0.51-0.52 ms instead of 0.62 when each step's sums
-// were read back at once (benchmarks/kernel_stream.py --kinds int8-amx, Intel Xeon with AMX).
+// steps later, as amx/q4k.cpp does. Here a lag of 1, 2 or 4 steps costs the same; with it, the
+// offsets made once per call and the prefetch distance above, 8 rows of [8960 x 1536] take
+// 0.51-0.52 ms instead of 0.62 when each pair of steps' sums was read back right after its stores
+// (benchmarks/kernel_stream.py --kinds int8-amx, Intel Xeon with AMX).
 constexpr int kDrainLag = 2;
 constexpr int kSlots = 4;  // > kDrainLag + 1, a power of two
 static_assert(kSlots > kDrainLag + 1 && (kSlots & (kSlots - 1)) == 0, "ring of sums");
