@@ -156,9 +156,11 @@ void q4k_linear_amx(const W8A8Args& a, int64_t begin, int64_t end);
 // vectors (kernels_ab.py, Intel Xeon with AMX, 2 cores, 35 GB/s): 1.17 / 1.09 at 5 / 8 rows, 0.99 /
 // 0.99 / 0.98 at 9 / 10 / 12, 0.93 / 0.92 at 14 / 16. Since the tiles unpack a record ahead and
 // read their sums back two blocks late (amx/q4k.cpp): 0.985 / 0.946 / 0.944 at 6 / 7 / 8 rows
-// (tiles over vectors, the same tool and machine class, 32 GB/s); the 0.5B draft in int4-all,
-// whose projections are smaller: 1.037 at 6 rows, 0.99 at 7 and 8.
-constexpr int kQ4KVectorRows = 6;
+// (tiles over vectors, the same tool and machine class, 32 GB/s); then the vectors' prefetch half a
+// record ahead on this tier (vec/dots.h) made them the faster again up to 8 rows: [8960 x 1536]
+// at 6 / 8 / 12 rows 0.379 / 0.428 / 0.586 ms against the tiles' 0.427 / 0.457 / 0.529
+// (kernel_stream.py); whole passes, vectors up to 8 over tiles from 7: 0.964 at T = 8.
+constexpr int kQ4KVectorRows = 8;
 
 // ---- GGUF Q6_K weights (vec/pack.cpp: the layout; vec/linear.cpp: the vector kernels, which every
 // tier runs, amx included). A GGUF block_q6_K (210 bytes) holds 256 weights d * sc[i / 16] * (q[i] -

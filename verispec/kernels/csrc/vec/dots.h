@@ -25,8 +25,28 @@ namespace vec {
 // ~40 ns before its use, less than a memory read takes: an 8-row pass over a [8960 x 1536] int8
 // matrix took 0.38-0.42 ms against 0.33-0.34 ms with 8 KB (benchmarks/kernel_stream.py, 2 threads,
 // Zen 5; one row: the same). Prefetches never fault: past a row block they fetch the next one,
-// which comes next anyway.
+// which comes next anyway. On the amx tier (an Intel Xeon with AMX) one-row calls prefetch 1 KiB
+// ahead: a one-row pass over the same matrix took 0.444 ms against 0.531 with 8 KiB (512 B 0.466,
+// 1.5 KiB 0.463, 2 KiB 0.550, 4 KiB 0.624; 8 rows with 1 KiB: 0.756 against 0.634, so they keep
+// 8 KiB; benchmarks/kernel_stream.py, 2 threads).
+#ifdef VS_TIER_AMX
+template <int R>
+constexpr int kInt8PrefetchBytes = R == 1 ? 1024 : 8192;
+#else
+template <int R>
 constexpr int kInt8PrefetchBytes = 8192;
+#endif
+
+// How far ahead of a Q4_K record's quarter its prefetches reach (vec/linear.cpp): two whole
+// records (Zen 4: linear.cpp), and half a record on the amx tier, whose Intel Xeon took a
+// [8960 x 1536] matrix at 1 / 4 / 6 / 8 rows in 0.270 / 0.332 / 0.391 / 0.417 ms with 1152 bytes
+// against 0.282 / 0.372 / 0.423 / 0.478 with two records (576 bytes: 0.292 / 0.345 / 0.395 /
+// 0.416; into L1 instead of L2, 1152 bytes: 0.275 / 0.338 / 0.381 / 0.411; kernel_stream.py).
+#ifdef VS_TIER_AMX
+constexpr int kQ4KPrefetchAhead = 1152;
+#else
+constexpr int kQ4KPrefetchAhead = 2 * kQ4KRecord;
+#endif
 
 // Where the weight prefetches of every vector kernel (int8, Q4_K, bf16) put the lines: L2
 // (PREFETCHT1; the hardware brings them on into L1 as the loads come). Into L1 (PREFETCHT0), a
@@ -76,7 +96,7 @@ inline __attribute__((always_inline)) void int8_groups_fixed(const uint8_t* w, c
   for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_si512();
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g) {
-    __builtin_prefetch(w + g * 64 + kInt8PrefetchBytes, 0, kInt8PrefetchLocality<R>);
+    __builtin_prefetch(w + g * 64 + kInt8PrefetchBytes<R>, 0, kInt8PrefetchLocality<R>);
     const __m512i v = _mm512_loadu_si512(w + g * 64);
 #pragma GCC unroll 16
     for (int m = 0; m < R; ++m) dpbusd_bcast(acc[m], v, xw + g * R + m);
@@ -97,7 +117,7 @@ inline __attribute__((always_inline)) void int8_groups_fixed(const uint8_t* w, c
     for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_si256();
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
-      __builtin_prefetch(w + g * 64 + 32 * h + kInt8PrefetchBytes, 0, kInt8PrefetchLocality<R>);
+      __builtin_prefetch(w + g * 64 + 32 * h + kInt8PrefetchBytes<R>, 0, kInt8PrefetchLocality<R>);
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32 * h));
 #pragma GCC unroll 8
       for (int m = 0; m < R; ++m) acc[m] = _mm256_dpbusd_avx_epi32(acc[m], v, _mm256_set1_epi32(xw[g * R + m]));
@@ -129,7 +149,7 @@ inline void int8_groups(const uint8_t* w, int64_t groups, const int32_t* xw, con
     __m256i acc[R];
     for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_si256();
     for (int64_t g = 0; g < groups; ++g) {
-      __builtin_prefetch(w + g * 64 + 32 * h + kInt8PrefetchBytes, 0, kInt8PrefetchLocality<R>);
+      __builtin_prefetch(w + g * 64 + 32 * h + kInt8PrefetchBytes<R>, 0, kInt8PrefetchLocality<R>);
       const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32 * h)), flip);
       const __m256i mag = _mm256_abs_epi8(q);
       for (int m = 0; m < R; ++m) {

@@ -126,14 +126,15 @@ inline __attribute__((always_inline)) void q4k_record(const uint8_t* rec, int64_
   decode_scales(rec, s);
 #pragma GCC unroll 4
   for (int i = 0; i < Q; ++i) {
-    // The stream two whole records ahead, a quarter's span (9 lines) before each quarter of this
-    // record (dots.h's kPrefetchLocality): all 36 lines at once at the record's start held the
+    // The stream kQ4KPrefetchAhead bytes ahead (dots.h: two whole records, half of one on the amx
+    // tier), a quarter's span (9 lines) before each quarter of this record (dots.h's
+    // kPrefetchLocality): all 36 lines at once at the record's start held the
     // load pipe while they missed, which cost the many-row calls their multiplies (Zen 4, [8960 x
     // 1536], 2 threads: 8 rows 0.66 -> 0.41 ms, 4 rows 0.36 -> 0.27 ms, one row the same;
     // benchmarks/kernel_stream.py). Prefetches never fault: past the row block they fetch the
     // next one, which comes next anyway.
     for (int line = i * kQuarterSpan<Q>; line < (i + 1) * kQuarterSpan<Q>; line += 64)
-      __builtin_prefetch(rec + 2 * kQ4KRecord + line, 0, kPrefetchLocality);
+      __builtin_prefetch(rec + kQ4KPrefetchAhead + line, 0, kPrefetchLocality);
     const int64_t b = b0 + i;
     I16 s0[R], s1[R];
     q4k_pair<R>(rec + kQ4KHeader + 512 * i, xw + 16 * b * R, s0, s1);
