@@ -31,7 +31,8 @@ from verispec.kernels.linear import Q4KLinear
 def relayout(model: Any, whole: bool) -> int:
     """Copy every Q4_K projection of ``model`` that ends in half records into fresh memory (both
     layouts alike, so that they differ in layout alone: the model as loaded maps its cache file),
-    with ``whole``, in the whole-record layout (``q4k_whole_records``: the same weights); rebuild its native layer loop and return how many projections it copied."""
+    with ``whole``, in the whole-record layout (``q4k_whole_records``: the same weights); rebuild
+    its native layer loop and return how many projections it copied."""
     changed = 0
     for module in model.modules():
         if isinstance(module, Q4KLinear) and module.packed_in_features % 256:
