@@ -39,8 +39,8 @@
 //     while the one before it multiplies, and a block's sums are scaled two blocks after their
 //     multiply. Its ten tile operations per block bound it, not the multiplies: alone (no
 //     unpacking, no fp32 steps) they take 0.37 ms per [8960 x 1536] at 1 to 8 rows, against 0.28
-//     for the vectors' one row. On an Intel Xeon with AMX it is as fast as the vectors from 5 to 8
-//     rows and faster from 9 (12 rows 0.52 ms against 0.64, 16 rows 0.58 against 0.79;
+//     for the vectors' one row. On an Intel Xeon with AMX it is slower than the vectors up to 8
+//     rows (8 rows: 0.46 ms against 0.43) and faster from 9 (12 rows: 0.53 against 0.59;
 //     benchmarks/kernel_stream.py), so calls of up to kQ4KVectorRows rows stay on vectors.
 //
 // Packed layout ("records"): the same bytes as the GGUF blocks, permuted, nothing re-quantised.
