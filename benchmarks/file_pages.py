@@ -41,7 +41,7 @@ from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_TARGET, load_model
 from verispec.formats.registry import model_dir
 from verispec.kernels.bandwidth import read_bandwidth
-from verispec.kernels.hugepages import huge_page_buffer, smaps_fields
+from verispec.kernels.hugepages import file_huge_mapped, huge_page_buffer
 
 
 def evict(path: Path) -> None:
@@ -121,7 +121,7 @@ def main() -> None:
     def measure(name: str, t: torch.Tensor) -> None:
         results.setdefault(name, []).append(read_bandwidth(reps=args.reps, buf=t)["median"])
         if name.startswith(("written", "read")):
-            huge[name] = int(smaps_fields(t.data_ptr()).get("FilePmdMapped", "0 kB").split()[0]) / 1024
+            huge[name] = (file_huge_mapped(t.data_ptr()) or 0) / 2**20
 
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".file-pages-") as tmp:
         for _ in range(args.rounds):  # each way's mapping is gone before the next one's starts

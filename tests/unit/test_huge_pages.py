@@ -173,13 +173,14 @@ def test_whether_cache_files_get_huge_pages_is_measured_and_leaves_nothing(tmp_p
     import sys
 
     from verispec.cli.doctor import huge_pages_line
-    from verispec.kernels.hugepages import file_huge_pages
+    from verispec.kernels.hugepages import file_huge_mapped, file_huge_pages
 
     answer = file_huge_pages(tmp_path)
     assert answer in (True, False, None) and list(tmp_path.iterdir()) == []  # the scratch file is gone
     if sys.platform.startswith("linux"):
         assert answer is not None  # (a writable folder, /proc/self/smaps)
         assert file_huge_pages("/proc/no-such-folder") is None  # cannot be written: not known
+        assert file_huge_mapped(0) is None  # no mapping holds address 0
     lines = {True: "read through huge pages", False: "VERISPEC_HUGE_PAGES=1", None: "not measured"}
     for cache_files, says in lines.items():
         assert says in huge_pages_line({"transparent": "madvise", "cache_files": cache_files})

@@ -125,6 +125,13 @@ def smaps_fields(address: int) -> dict[str, str]:
     return fields
 
 
+def file_huge_mapped(address: int) -> int | None:
+    """Bytes of the file mapping holding ``address`` that huge pages map (``FilePmdMapped`` in
+    /proc/self/smaps), or None where that is not known (no such mapping, no smaps)."""
+    field = smaps_fields(address).get("FilePmdMapped")
+    return None if field is None else int(field.split()[0]) * 1024
+
+
 def file_huge_pages(folder: str | os.PathLike[str]) -> bool | None:
     """Whether a file written into ``folder`` as verispec writes its packed caches (2 MiB-aligned
     pieces) and mapped as it maps them (asking for huge pages) is read through huge pages here:
@@ -148,8 +155,8 @@ def file_huge_pages(folder: str | os.PathLike[str]) -> bool | None:
                 advise_huge_pages(mm)
                 pages = torch.frombuffer(mm, dtype=torch.uint8)
                 pages[::4096].sum()  # (reads every 4 KiB page: the faults map them)
-                huge = smaps_fields(pages.data_ptr()).get("FilePmdMapped")
+                huge = file_huge_mapped(pages.data_ptr())
                 del pages  # (before the mapping closes)
-        return None if huge is None else int(huge.split()[0]) > 0
+        return None if huge is None else huge > 0
     except OSError:
         return None

@@ -478,9 +478,8 @@ def cat_adjacent(parts: list[Tensor]) -> Tensor:
     first = parts[0]
     storage, end = first.untyped_storage(), first.storage_offset()
     for p in parts:
-        if p.dtype != first.dtype or not p.is_contiguous() or p.untyped_storage().data_ptr() != storage.data_ptr():
-            return torch.cat(parts)
-        if p.storage_offset() != end:
+        same_storage = p.untyped_storage().data_ptr() == storage.data_ptr()
+        if p.dtype != first.dtype or not p.is_contiguous() or not same_storage or p.storage_offset() != end:
             return torch.cat(parts)
         end += p.numel()
     return first.as_strided((end - first.storage_offset(),), (1,), first.storage_offset())

@@ -30,23 +30,19 @@ namespace vec {
 // 1.5 KiB 0.463, 2 KiB 0.550, 4 KiB 0.624; 8 rows with 1 KiB: 0.756 against 0.634, so they keep
 // 8 KiB; benchmarks/kernel_stream.py, 2 threads).
 #ifdef VS_TIER_AMX
-template <int R>
-constexpr int kInt8PrefetchBytes = R == 1 ? 1024 : 8192;
+constexpr bool kAmxTier = true;  // (the distances below differ there)
 #else
-template <int R>
-constexpr int kInt8PrefetchBytes = 8192;
+constexpr bool kAmxTier = false;
 #endif
+template <int R>
+constexpr int kInt8PrefetchBytes = kAmxTier && R == 1 ? 1024 : 8192;
 
 // How far ahead of a Q4_K record's quarter its prefetches reach (vec/linear.cpp): two whole
 // records (Zen 4: linear.cpp), and half a record on the amx tier, whose Intel Xeon took a
 // [8960 x 1536] matrix at 1 / 4 / 6 / 8 rows in 0.270 / 0.332 / 0.391 / 0.417 ms with 1152 bytes
 // against 0.282 / 0.372 / 0.423 / 0.478 with two records (576 bytes: 0.292 / 0.345 / 0.395 /
 // 0.416; into L1 instead of L2, 1152 bytes: 0.275 / 0.338 / 0.381 / 0.411; kernel_stream.py).
-#ifdef VS_TIER_AMX
-constexpr int kQ4KPrefetchAhead = 1152;
-#else
-constexpr int kQ4KPrefetchAhead = 2 * kQ4KRecord;
-#endif
+constexpr int kQ4KPrefetchAhead = kAmxTier ? 1152 : 2 * kQ4KRecord;
 
 // Where the weight prefetches of every vector kernel (int8, Q4_K, bf16) put the lines: L2
 // (PREFETCHT1; the hardware brings them on into L1 as the loads come). Into L1 (PREFETCHT0), a
