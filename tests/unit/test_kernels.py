@@ -204,7 +204,7 @@ def test_q4k_half_records_on_every_engine() -> None:
     if kernels.tier() == "amx":  # a half record alone, and after one whole record
         for k in (128, 384):
             lin = Q4KLinear.from_weight(torch.randn(n, k, generator=gen) * 0.1)
-            for m in (1, 6, 16, 17):
+            for m in (1, 6, 8, 16, 17, 24):
                 x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
                 vectors = kernels.q4k_linear(x, lin.q4k, n, k, None, 1)
                 assert torch.equal(kernels.q4k_linear(x, lin.q4k, n, k, None, 2), vectors), (k, m)
@@ -248,7 +248,7 @@ def test_engines_agree_bit_for_bit(kind: str) -> None:
             def run(x: torch.Tensor, engine: int, lin: Int8Linear = lin8, n: int = n, k: int = k) -> torch.Tensor:
                 return kernels.w8a8_linear(x, lin.int8, lin.int8_scale, n, k, lin.bias, engine)
 
-        for m in (1, 3, 4, 8, 9, 16, 19, 40):
+        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 19, 40):  # (the tiles' paths: 1-8 rows, 9-16, both)
             x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
             auto, vectors = run(x, 0), run(x, 1)
             assert torch.equal(auto, vectors), (n, k, m)

@@ -34,13 +34,16 @@
 //     weight rows x 64 inputs (512 bytes of codes), 8 loads and 16 AND/shift unpack the nibbles
 //     into two VPDPBUSD operands, then each activation row takes 16 VPDPBUSD and the fp32 steps:
 //     memory-bound at one to a few rows, until VPDPBUSD's throughput takes over;
-//   - AMX (this file) for more rows: the unpacked codes of a sub-block are an int8 B tile (8 groups x 64
-//     bytes), so TDPBSUD gives S_j for up to 16 rows at once; a record's codes are unpacked
-//     while the one before it multiplies, and a block's sums are scaled two blocks after their
-//     multiply. Its ten tile operations per block bound it, not the multiplies: alone (no
-//     unpacking, no fp32 steps) they take 0.37 ms per [8960 x 1536] at 1 to 8 rows, against 0.28
-//     for the vectors' one row. On an Intel Xeon with AMX it is slower than the vectors up to 8
-//     rows (8 rows: 0.46 ms against 0.43) and faster from 9 (12 rows: 0.53 against 0.59;
+//   - AMX (this file) for more rows: the unpacked codes of a block are an int8 B tile (16 groups
+//     x 64 bytes), against an A tile that holds each activation row twice, once per sub-block with
+//     the other's 32 inputs zero (paired_rows, up to 8 rows), so that one TDPBSUD gives S_j0 and
+//     S_j1 of every row; with more rows, a sub-block's codes (8 groups) against the rows' 32
+//     inputs (amx_rows, up to 16 rows a call, two multiplies a block). A record's codes are
+//     unpacked while the one before it multiplies, and a block's sums are scaled two blocks after
+//     their multiply. The tile operations cost by the rows they move, not the multiplies (alone,
+//     [8960 x 1536]: 0.29 / 0.38 ms at 1 / 8 rows paired, 0.37 at 1 to 8 on amx_rows; the vectors'
+//     one row 0.27). On an Intel Xeon with AMX the tiles are faster than the vectors from 5 rows
+//     (6 / 8 rows 0.34 / 0.38 ms against 0.37 / 0.41; 12 rows 0.48 against 0.56;
 //     benchmarks/kernel_stream.py), so calls of up to kQ4KVectorRows rows stay on vectors.
 //
 // Packed layout ("records"): the same bytes as the GGUF blocks, permuted, nothing re-quantised.
@@ -54,6 +57,8 @@
 //                group are one VPDPBUSD operand (lane r: inputs 64i + 4g .. +3 of row r), the high
 //                nibbles another (inputs 64i + 32 + 4g .. +3).
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "amx.h"
 #include "../vec/q4k_scales.h"
@@ -101,6 +106,16 @@ constexpr int kDrainLag = 2;
 constexpr int kSlots = 4;  // > kDrainLag + 1, a power of two
 static_assert(kSlots > kDrainLag + 1 && (kSlots & (kSlots - 1)) == 0, "ring of sums");
 static_assert(kDrainLag + 1 <= 4, "the blocks drained lie in this record or the one before (two SubScales)");
+
+// The weight stream is prefetched kRecordsAhead records ahead into L2 (the unpacking's loads bring
+// a line to L1 when it is needed): with L1 as the target the weights evicted the paired
+// activations, which every row block reads again (kernel_stream.py --kinds q4k-amx, [8960 x 1536],
+// 2 threads, Intel Xeon with AMX, paired tiles: 8 rows 0.40 ms per matrix instead of 0.46; 16 rows
+// on amx_rows 0.548 instead of 0.560). The paired activations of block b + kPairedAhead are
+// prefetched into L1 (8 rows: 0.38 instead of 0.40; 0.35 when every block read the same, L1-hot
+// activations, the most this could give).
+constexpr int kRecordsAhead = 3;
+constexpr int kPairedAhead = 2;
 
 // The codes of one quarter of a record (512 bytes: 16 rows x 64 inputs) unpacked into the B
 // operands of its two sub-blocks: low nibbles at buf, high nibbles at buf + 512.
@@ -163,7 +178,7 @@ void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
       if (i == quarters) break;
       // (prefetches never fault: past the row block they fetch the next one, which comes next anyway)
       for (int line = 576 * i; line < 576 * (i + 1); line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(rec + 3 * kQ4KRecord + line), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rec + kRecordsAhead * kQ4KRecord + line), _MM_HINT_T1);
       const int64_t b = 4 * sb + i;
       if (i % 2 == 0) {
         VS_MULTIPLY(0, 1, here + 1024 * i, b)
@@ -185,8 +200,106 @@ void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
 #undef VS_MULTIPLY
 #undef VS_STORE
 
+// Up to kPairedRows rows: both sub-blocks of a block in one tile multiply. The A tile holds
+// 2R rows, row 2m the activations of row m over the block's first 32 inputs then 32 zeros, row
+// 2m + 1 32 zeros then its last 32 (made once per call: paired_activations); the B tile is the
+// block's 64 inputs (both unpacked halves, as unpack_quarter lays them out: 16 groups). So C row
+// 2m is S_j0 of row m and row 2m + 1 its S_j1: one zeroing, two tile loads, one multiply and one
+// store per block, where amx_rows takes two of each. The tile operations cost by the rows they
+// move, so this halves them at few rows and gives little at 8 (kernel_stream.py, [8960 x 1536],
+// Intel Xeon with AMX, ms per matrix at 1 / 4 / 8 rows, the tile operations alone: 0.29 / 0.32 /
+// 0.38 against amx_rows' 0.37 / - / 0.37; whole kernels 0.29 / 0.32 / 0.38 against 0.43 / - /
+// 0.43-0.48).
+constexpr int kPairedRows = 8;
+
+// A (2R rows x 64 activation bytes) tiles 2, 3, B (16 groups x 64 bytes) tiles 4, 5 and C (2R rows
+// x 16 int32) tiles 0, 1, for even and odd blocks.
+
+inline void configure_paired_tiles(int rows) {
+  const TileShape c{2 * rows, 64}, a{2 * rows, 64}, b{16, 64}, none{0, 0};
+  configure_tiles({c, c, a, a, b, b, none, none});
+}
+
+// x's rows [row0, row0 + rows) paired as the A tiles take them: block b's 2 rows x 64 bytes at
+// out + 128 rows b.
+void paired_activations(const W8A8Args& a, int64_t row0, int rows, int8_t* out) {
+  const int64_t nblk = a.K / 64;
+  std::memset(out, 0, static_cast<size_t>(nblk * 128 * rows));
+  for (int64_t b = 0; b < nblk; ++b)
+    for (int m = 0; m < rows; ++m) {
+      const int8_t* x = a.xq + (row0 + m) * a.K + 64 * b;
+      int8_t* o = out + (b * rows + m) * 128;
+      std::memcpy(o, x, 32);
+      std::memcpy(o + 96, x + 32, 32);
+    }
+}
+
+#define VS_MULTIPLY(C, A, B, buf, b)        \
+  _tile_zero(C);                           \
+  VS_TILE_LOADD(A, xp + 128 * R * (b), 64); \
+  VS_TILE_LOADD(B, (buf), 64);             \
+  _tile_dpbsud(C, A, B);
+#define VS_STORE(C, b) _tile_stored(C, sums[(b) & (kSlots - 1)], 64);
+
+// AMX, paired: rows row0 .. row0 + R (R <= kPairedRows) against block nb, xp their paired
+// activations; otherwise as amx_rows (the records unpacked one ahead, C tiles alternating, the
+// sums drained kDrainLag blocks late).
+template <int R>
+void paired_rows(const W8A8Args& a, const int8_t* xp, int64_t nb, int64_t row0) {
+  alignas(64) uint8_t codes[2][4 * 1024];
+  alignas(64) int32_t sums[kSlots][2 * R * 16];
+  SubScales s[2];
+  const int64_t records = (a.K + kQ4KSuper - 1) / kQ4KSuper, nblk = a.K / 64;
+  const uint8_t* rec0 = a.w + nb * q4k_row_block_bytes(a.K);
+  __m512 t[R];
+  for (int m = 0; m < R; ++m) t[m] = _mm512_setzero_ps();
+  auto drain = [&](int64_t b) {
+    const SubScales& ss = s[(b >> 2) & 1];
+    const int32_t* c = sums[b & (kSlots - 1)];
+    for (int m = 0; m < R; ++m)
+      t[m] = add_pair(a, ss, static_cast<int>(b & 3), row0 + m, b, _mm512_load_si512(c + 32 * m),
+                      _mm512_load_si512(c + 32 * m + 16), t[m]);
+  };
+  for (int i = 0; i < q4k_quarters(a.K, 0); ++i) unpack_quarter(rec0 + kQ4KHeader + 512 * i, codes[0] + 1024 * i);
+  for (int64_t sb = 0; sb < records; ++sb) {
+    const uint8_t* rec = rec0 + sb * kQ4KRecord;
+    decode_scales(rec, s[sb & 1]);
+    const uint8_t* here = codes[sb & 1];
+    uint8_t* next = codes[(sb & 1) ^ 1];
+    const int quarters = q4k_quarters(a.K, sb), next_quarters = sb + 1 < records ? q4k_quarters(a.K, sb + 1) : 0;
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      if (i == quarters) break;
+      for (int line = 576 * i; line < 576 * (i + 1); line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(rec + kRecordsAhead * kQ4KRecord + line), _MM_HINT_T1);
+      const int64_t b = 4 * sb + i;
+      if (b + kPairedAhead < nblk)
+        for (int line = 0; line < 2 * R; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(xp + 128 * R * (b + kPairedAhead) + 64 * line), _MM_HINT_T0);
+      if (i % 2 == 0) {
+        VS_MULTIPLY(0, 2, 4, here + 1024 * i, b)
+        if (b > 0) {
+          VS_STORE(1, b - 1)
+        }
+      } else {
+        VS_MULTIPLY(1, 3, 5, here + 1024 * i, b)
+        VS_STORE(0, b - 1)
+      }
+      if (b - 1 - kDrainLag >= 0) drain(b - 1 - kDrainLag);
+      if (i < next_quarters) unpack_quarter(rec + kQ4KRecord + kQ4KHeader + 512 * i, next + 1024 * i);
+    }
+  }
+  VS_STORE(1, nblk - 1)
+  for (int64_t b = std::max<int64_t>(0, nblk - 1 - kDrainLag); b < nblk; ++b) drain(b);
+  for (int m = 0; m < R; ++m) finish_row(a, nb, row0 + m, t[m]);
+}
+#undef VS_MULTIPLY
+#undef VS_STORE
+
 using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
 constexpr auto kAmxFns = rows_table<16>([](auto r) { return &amx_rows<decltype(r)::value>; });
+using PairedFn = void (*)(const W8A8Args&, const int8_t*, int64_t, int64_t);
+constexpr auto kPairedFns = rows_table<kPairedRows>([](auto r) { return &paired_rows<decltype(r)::value>; });
 
 }  // namespace
 
@@ -199,7 +312,14 @@ void q4k_linear_amx(const W8A8Args& a, int64_t begin, int64_t end) {
     for (int64_t nb = begin; nb < end; ++nb)
       for (int64_t c = 0; c < full; ++c) amx_rows<kRows>(a, nb, c * kRows);
   }
-  if (rest) {
+  if (rest && rest <= kPairedRows) {
+    static thread_local std::vector<int8_t> paired;
+    paired.resize(static_cast<size_t>(a.K * 2 * rest));
+    paired_activations(a, full * kRows, static_cast<int>(rest), paired.data());
+    configure_paired_tiles(static_cast<int>(rest));
+    const PairedFn tail = pick_rows(kPairedFns, rest);
+    for (int64_t nb = begin; nb < end; ++nb) tail(a, paired.data(), nb, full * kRows);
+  } else if (rest) {
     configure_q4k_tiles(static_cast<int>(rest));
     const RowsFn tail = pick_rows(kAmxFns, rest);
     for (int64_t nb = begin; nb < end; ++nb) tail(a, nb, full * kRows);
