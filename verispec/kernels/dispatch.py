@@ -102,7 +102,8 @@ TIERS: tuple[Tier, ...] = (
         default_vendor="AuthenticAMD",
         bf16_order="pairs",
     ),
-    Tier("avx512", _VECTOR_TIER, _AVX512, _AVX512_CPU),
+    # (Intel CPUs without AMX run this one: AMD's with AVX-512 have BF16 and run avx512bf16)
+    Tier("avx512", _VECTOR_TIER, (*_AVX512, "-DVS_TIER_AVX512=1"), _AVX512_CPU),
     Tier(
         "avx2vnni",
         _VECTOR_TIER,
