@@ -104,10 +104,10 @@ TIERS: tuple[Tier, ...] = (
     ),
     # (Intel CPUs without AMX run this one: AMD's with AVX-512 have BF16 and run avx512bf16)
     Tier("avx512", _VECTOR_TIER, (*_AVX512, "-DVS_TIER_AVX512=1"), _AVX512_CPU),
-    Tier(
+    Tier(  # (Intel CPUs without AVX-512 from Alder Lake on: Zen 5 has AVX-VNNI but runs avx512bf16)
         "avx2vnni",
         _VECTOR_TIER,
-        ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
+        ("-mavx2", "-mfma", "-mf16c", "-mavxvnni", "-DVS_TIER_AVX2VNNI=1"),
         ("avx2", "fma", "f16c", "avx_vnni"),
     ),
     Tier("avx2", _VECTOR_TIER, ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),

@@ -25,12 +25,13 @@ namespace vec {
 // ~40 ns before its use, less than a memory read takes: an 8-row pass over a [8960 x 1536] int8
 // matrix took 0.38-0.42 ms against 0.33-0.34 ms with 8 KB (benchmarks/kernel_stream.py, 2 threads,
 // Zen 5; one row: the same). Prefetches never fault: past a row block they fetch the next one,
-// which comes next anyway. On the tiers Intel CPUs run (amx; avx512, which AMD CPUs run only when
-// forced) one-row calls prefetch 1 KiB ahead: on an Intel Xeon with AMX a one-row pass over the
-// same matrix took 0.444 ms against 0.531 with 8 KiB (512 B 0.466, 1.5 KiB 0.463, 2 KiB 0.550,
-// 4 KiB 0.624; 8 rows with 1 KiB: 0.756 against 0.634, so they keep 8 KiB), and on its avx512
-// tier 0.424-0.437 against 0.485-0.499 (benchmarks/kernel_stream.py, 2 threads).
-#if defined(VS_TIER_AMX) || defined(VS_TIER_AVX512)
+// which comes next anyway. On the tiers only Intel CPUs run by default (amx; avx512 and avx2vnni:
+// the AMD CPUs with their flags also have AVX-512 BF16 and run avx512bf16) one-row calls prefetch
+// 1 KiB ahead: on an Intel Xeon with AMX a one-row pass over the same matrix took 0.444 ms against
+// 0.531 with 8 KiB (512 B 0.466, 1.5 KiB 0.463, 2 KiB 0.550, 4 KiB 0.624; 8 rows with 1 KiB: 0.756
+// against 0.634, so they keep 8 KiB), on its avx512 tier 0.424-0.437 against 0.485-0.499, on
+// avx2vnni 0.458-0.460 against 0.470 (benchmarks/kernel_stream.py, 2 threads).
+#if defined(VS_TIER_AMX) || defined(VS_TIER_AVX512) || defined(VS_TIER_AVX2VNNI)
 constexpr bool kIntelTier = true;  // (the distances below differ there)
 #else
 constexpr bool kIntelTier = false;
@@ -39,12 +40,14 @@ template <int R>
 constexpr int kInt8PrefetchBytes = kIntelTier && R == 1 ? 1024 : 8192;
 
 // How far ahead of a Q4_K record's quarter its prefetches reach (vec/linear.cpp): two whole
-// records (Zen 4: linear.cpp), and half a record on the Intel tiers, whose Intel Xeon with AMX
+// records (Zen 4: linear.cpp), and half a record on the Intel tiers: an Intel Xeon with AMX
 // took a [8960 x 1536] matrix at 1 / 4 / 6 / 8 rows in 0.270 / 0.332 / 0.391 / 0.417 ms with 1152
 // bytes against 0.282 / 0.372 / 0.423 / 0.478 with two records (576 bytes: 0.292 / 0.345 / 0.395 /
 // 0.416; into L1 instead of L2, 1152 bytes: 0.275 / 0.338 / 0.381 / 0.411; kernel_stream.py); on
 // its avx512 tier, 1 / 4 / 8 rows 0.266-0.268 / 0.329-0.334 / 0.407-0.423 against 0.275-0.282 /
-// 0.361-0.367 / 0.465-0.474. (Measured on that Sapphire Rapids-class core, not on an Ice Lake.)
+// 0.361-0.367 / 0.465-0.474, on avx2vnni 0.266-0.267 / 0.478-0.483 / 0.92-0.95 against 0.334-0.335
+// / 0.618-0.625 / 1.07-1.11. (Measured on that Sapphire Rapids-class core: not on an Ice Lake, nor
+// on an Alder Lake, whose P-cores are the same Golden Cove with a client's memory.)
 constexpr int kQ4KPrefetchAhead = kIntelTier ? 1152 : 2 * kQ4KRecord;
 
 // Where the weight prefetches of every vector kernel (int8, Q4_K, bf16) put the lines: L2
