@@ -36,12 +36,12 @@
 //     memory-bound at one to a few rows, until VPDPBUSD's throughput takes over;
 //   - AMX (this file) for more rows: the unpacked codes of a block are an int8 B tile (16 groups
 //     x 64 bytes), against an A tile that holds each activation row twice, once per sub-block with
-//     the other's 32 inputs zero (paired_rows, up to 8 rows), so that one TDPBSUD gives S_j0 and
+//     the other's 32 inputs zero (tile_rows paired, up to 8 rows), so that one TDPBSUD gives S_j0 and
 //     S_j1 of every row; with more rows, a sub-block's codes (8 groups) against the rows' 32
-//     inputs (amx_rows, up to 16 rows a call, two multiplies a block). A record's codes are
+//     inputs (tile_rows in halves, up to 16 rows a call, two multiplies a block). A record's codes are
 //     unpacked while the one before it multiplies, and a block's sums are scaled two blocks after
 //     their multiply. The tile operations cost by the rows they move, not the multiplies (alone,
-//     [8960 x 1536]: 0.29 / 0.38 ms at 1 / 8 rows paired, 0.37 at 1 to 8 on amx_rows; the vectors'
+//     [8960 x 1536]: 0.29 / 0.38 ms at 1 / 8 rows paired, 0.37 at 1 to 8 in halves; the vectors'
 //     one row 0.27). On an Intel Xeon with AMX the tiles are faster than the vectors from 5 rows
 //     (6 / 8 rows 0.34 / 0.38 ms against 0.37 / 0.41; 12 rows 0.48 against 0.56;
 //     benchmarks/kernel_stream.py), so calls of up to kQ4KVectorRows rows stay on vectors.
@@ -85,8 +85,8 @@ inline void finish_row(const W8A8Args& a, int64_t nb, int64_t row, __m512 t) {
   store_columns(a.y, a.out_bf16, row * a.N + n0, vec::plus_bias(a.bias, n0, n_valid, vec::F16{t}).v, n_valid);
 }
 
-// AMX tiles: tmm0, tmm1 and tmm2, tmm3 C (rows x 16 int32) of sub-blocks 2i, 2i + 1 of even and
-// odd blocks; tmm4, tmm5 A (rows x 32 activation bytes) of the same; tmm6, tmm7 B (8 groups x 64
+// AMX tiles in halves: tmm0, tmm1 and tmm2, tmm3 C (rows x 16 int32) of sub-blocks 2i, 2i + 1 of
+// even and odd blocks; tmm4, tmm5 A (rows x 32 activation bytes) of the same; tmm6, tmm7 B (8 groups x 64
 // bytes: the codes of 16 weight rows x 32 inputs, unpacked from the nibbles). TDPBSUD C += A . B:
 // signed A, unsigned B.
 inline void configure_q4k_tiles(int rows) {
@@ -111,7 +111,7 @@ static_assert(kDrainLag + 1 <= 4, "the blocks drained lie in this record or the 
 // a line to L1 when it is needed): with L1 as the target the weights evicted the paired
 // activations, which every row block reads again (kernel_stream.py --kinds q4k-amx, [8960 x 1536],
 // 2 threads, Intel Xeon with AMX, paired tiles: 8 rows 0.40 ms per matrix instead of 0.46; 16 rows
-// on amx_rows 0.548 instead of 0.560). The paired activations of block b + kPairedAhead are
+// in halves 0.548 instead of 0.560). The paired activations of block b + kPairedAhead are
 // prefetched into L1 (8 rows: 0.38 instead of 0.40; 0.35 when every block read the same, L1-hot
 // activations, the most this could give).
 constexpr int kRecordsAhead = 3;
@@ -128,93 +128,20 @@ inline void unpack_quarter(const uint8_t* q, uint8_t* buf) {
   }
 }
 
-// Block b's multiplies into C tiles C0, C1 (from zero): activations of its two sub-blocks against
-// their unpacked codes at buf.
-#define VS_MULTIPLY(C0, C1, buf, b)                \
-  _tile_zero(C0);                                  \
-  _tile_zero(C1);                                  \
-  VS_TILE_LOADD(4, xc + 64 * (b), a.K);            \
-  VS_TILE_LOADD(6, (buf), 64);                     \
-  _tile_dpbsud(C0, 4, 6);                          \
-  VS_TILE_LOADD(5, xc + 64 * (b) + 32, a.K);       \
-  VS_TILE_LOADD(7, (buf) + 512, 64);               \
-  _tile_dpbsud(C1, 5, 7);
-#define VS_STORE(C0, C1, b)                              \
-  _tile_stored(C0, sums[(b) & (kSlots - 1)][0], 64);     \
-  _tile_stored(C1, sums[(b) & (kSlots - 1)][1], 64);
-
-// AMX: rows row0 .. row0 + R of x (the rows the tiles are configured with) against block nb.
-// Block b (record b / 4, quarter b % 4) is multiplied on C tiles 0, 1 when even, 2, 3 when odd;
-// its sums are stored while block b + 1 multiplies, and added to t kDrainLag blocks later, in
-// block order.
-template <int R>
-void amx_rows(const W8A8Args& a, int64_t nb, int64_t row0) {
-  alignas(64) uint8_t codes[2][4 * 1024];      // unpacked codes of two records: this one, the next
-  alignas(64) int32_t sums[kSlots][2][R * 16];  // C tiles stored: the ring
-  SubScales s[2];                               // of this record and the one before
-  // records of the row block: whole ones, then a half one when K % 256 = 128 (common.h)
-  const int64_t records = (a.K + kQ4KSuper - 1) / kQ4KSuper, nblk = a.K / 64;  // nblk: even
-  const uint8_t* rec0 = a.w + nb * q4k_row_block_bytes(a.K);
-  const int8_t* xc = a.xq + row0 * a.K;
-  __m512 t[R];
-  for (int m = 0; m < R; ++m) t[m] = _mm512_setzero_ps();
-  auto drain = [&](int64_t b) {
-    const SubScales& ss = s[(b >> 2) & 1];
-    const int32_t* c0 = sums[b & (kSlots - 1)][0];
-    const int32_t* c1 = sums[b & (kSlots - 1)][1];
-    for (int m = 0; m < R; ++m)
-      t[m] = add_pair(a, ss, static_cast<int>(b & 3), row0 + m, b, _mm512_load_si512(c0 + 16 * m),
-                      _mm512_load_si512(c1 + 16 * m), t[m]);
-  };
-  for (int i = 0; i < q4k_quarters(a.K, 0); ++i) unpack_quarter(rec0 + kQ4KHeader + 512 * i, codes[0] + 1024 * i);
-  for (int64_t sb = 0; sb < records; ++sb) {
-    const uint8_t* rec = rec0 + sb * kQ4KRecord;
-    decode_scales(rec, s[sb & 1]);  // (over record sb - 2's, whose last block was drained in sb - 1)
-    const uint8_t* here = codes[sb & 1];
-    uint8_t* next = codes[(sb & 1) ^ 1];
-    const int quarters = q4k_quarters(a.K, sb), next_quarters = sb + 1 < records ? q4k_quarters(a.K, sb + 1) : 0;
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      if (i == quarters) break;
-      // (prefetches never fault: past the row block they fetch the next one, which comes next anyway)
-      for (int line = 576 * i; line < 576 * (i + 1); line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(rec + kRecordsAhead * kQ4KRecord + line), _MM_HINT_T1);
-      const int64_t b = 4 * sb + i;
-      if (i % 2 == 0) {
-        VS_MULTIPLY(0, 1, here + 1024 * i, b)
-        if (b > 0) {
-          VS_STORE(2, 3, b - 1)
-        }
-      } else {
-        VS_MULTIPLY(2, 3, here + 1024 * i, b)
-        VS_STORE(0, 1, b - 1)
-      }
-      if (b - 1 - kDrainLag >= 0) drain(b - 1 - kDrainLag);
-      if (i < next_quarters) unpack_quarter(rec + kQ4KRecord + kQ4KHeader + 512 * i, next + 1024 * i);
-    }
-  }
-  VS_STORE(2, 3, nblk - 1)  // (the last block is odd: K is a multiple of 128)
-  for (int64_t b = std::max<int64_t>(0, nblk - 1 - kDrainLag); b < nblk; ++b) drain(b);
-  for (int m = 0; m < R; ++m) finish_row(a, nb, row0 + m, t[m]);
-}
-#undef VS_MULTIPLY
-#undef VS_STORE
-
 // Up to kPairedRows rows: both sub-blocks of a block in one tile multiply. The A tile holds
 // 2R rows, row 2m the activations of row m over the block's first 32 inputs then 32 zeros, row
 // 2m + 1 32 zeros then its last 32 (made once per call: paired_activations); the B tile is the
 // block's 64 inputs (both unpacked halves, as unpack_quarter lays them out: 16 groups). So C row
 // 2m is S_j0 of row m and row 2m + 1 its S_j1: one zeroing, two tile loads, one multiply and one
-// store per block, where amx_rows takes two of each. The tile operations cost by the rows they
-// move, so this halves them at few rows and gives little at 8 (kernel_stream.py, [8960 x 1536],
-// Intel Xeon with AMX, ms per matrix at 1 / 4 / 8 rows, the tile operations alone: 0.29 / 0.32 /
-// 0.38 against amx_rows' 0.37 / - / 0.37; whole kernels 0.29 / 0.32 / 0.38 against 0.43 / - /
-// 0.43-0.48).
+// store per block, where the halves (more rows) take two of each. The tile operations cost by the
+// rows they move, so pairing halves them at few rows and gives little at 8 (kernel_stream.py,
+// [8960 x 1536], Intel Xeon with AMX, ms per matrix at 1 / 4 / 8 rows, the tile operations alone:
+// 0.29 / 0.32 / 0.38 against the halves' 0.37 / - / 0.37; whole kernels 0.29 / 0.32 / 0.38 against
+// 0.43 / - / 0.43-0.48).
 constexpr int kPairedRows = 8;
 
-// A (2R rows x 64 activation bytes) tiles 2, 3, B (16 groups x 64 bytes) tiles 4, 5 and C (2R rows
-// x 16 int32) tiles 0, 1, for even and odd blocks.
-
+// Paired: A (2R rows x 64 activation bytes) tiles 2, 3, B (16 groups x 64 bytes) tiles 4, 5 and C
+// (2R rows x 16 int32) tiles 0, 1, for even and odd blocks.
 inline void configure_paired_tiles(int rows) {
   const TileShape c{2 * rows, 64}, a{2 * rows, 64}, b{16, 64}, none{0, 0};
   configure_tiles({c, c, a, a, b, b, none, none});
@@ -234,95 +161,135 @@ void paired_activations(const W8A8Args& a, int64_t row0, int rows, int8_t* out) 
     }
 }
 
-#define VS_MULTIPLY(C, A, B, buf, b)        \
-  _tile_zero(C);                           \
-  VS_TILE_LOADD(A, xp + 128 * R * (b), 64); \
-  VS_TILE_LOADD(B, (buf), 64);             \
+// Block b's multiplies from zero, against its unpacked codes at buf. Halves: activations of its
+// two sub-blocks (A tiles 4, 5 from x itself) into C tiles C0, C1; paired: into C tile C.
+#define VS_HALVES(C0, C1, buf, b)                  \
+  _tile_zero(C0);                                  \
+  _tile_zero(C1);                                  \
+  VS_TILE_LOADD(4, x + 64 * (b), a.K);             \
+  VS_TILE_LOADD(6, (buf), 64);                     \
+  _tile_dpbsud(C0, 4, 6);                          \
+  VS_TILE_LOADD(5, x + 64 * (b) + 32, a.K);        \
+  VS_TILE_LOADD(7, (buf) + 512, 64);               \
+  _tile_dpbsud(C1, 5, 7);
+#define VS_STORE_HALVES(C0, C1, b)                         \
+  _tile_stored(C0, sums[(b) & (kSlots - 1)], 64);          \
+  _tile_stored(C1, sums[(b) & (kSlots - 1)] + 16 * R, 64);
+#define VS_PAIRED(C, A, B, buf, b)                \
+  _tile_zero(C);                                  \
+  VS_TILE_LOADD(A, x + 128 * R * (b), 64);        \
+  VS_TILE_LOADD(B, (buf), 64);                    \
   _tile_dpbsud(C, A, B);
-#define VS_STORE(C, b) _tile_stored(C, sums[(b) & (kSlots - 1)], 64);
+#define VS_STORE_PAIRED(C, b) _tile_stored(C, sums[(b) & (kSlots - 1)], 64);
 
-// AMX, paired: rows row0 .. row0 + R (R <= kPairedRows) against block nb, xp their paired
-// activations; otherwise as amx_rows (the records unpacked one ahead, C tiles alternating, the
-// sums drained kDrainLag blocks late).
-template <int R>
-void paired_rows(const W8A8Args& a, const int8_t* xp, int64_t nb, int64_t row0) {
-  alignas(64) uint8_t codes[2][4 * 1024];
-  alignas(64) int32_t sums[kSlots][2 * R * 16];
-  SubScales s[2];
-  const int64_t records = (a.K + kQ4KSuper - 1) / kQ4KSuper, nblk = a.K / 64;
+// AMX: rows row0 .. row0 + R (the rows the tiles are configured with) against row block nb; x:
+// their activations, a.xq's rows (halves) or paired_activations' (Paired, R <= kPairedRows).
+// Block b (record b / 4, quarter b % 4) is multiplied on the even block's C tiles or the odd
+// one's; its sums are stored while block b + 1 multiplies, and added to t kDrainLag blocks later,
+// in block order. A record's codes are unpacked while the one before it is multiplied.
+template <int R, bool Paired>
+void tile_rows(const W8A8Args& a, const int8_t* x, int64_t nb, int64_t row0) {
+  static_assert(!Paired || R <= kPairedRows, "paired rows: 2R rows of a tile");
+  alignas(64) uint8_t codes[2][4 * 1024];    // unpacked codes of two records: this one, the next
+  alignas(64) int32_t sums[kSlots][2 * R * 16];  // C tiles stored: the ring
+  SubScales s[2];                                // of this record and the one before
+  // records of the row block: whole ones, then a half one when K % 256 = 128 (common.h)
+  const int64_t records = (a.K + kQ4KSuper - 1) / kQ4KSuper, nblk = a.K / 64;  // nblk: even
   const uint8_t* rec0 = a.w + nb * q4k_row_block_bytes(a.K);
   __m512 t[R];
   for (int m = 0; m < R; ++m) t[m] = _mm512_setzero_ps();
   auto drain = [&](int64_t b) {
     const SubScales& ss = s[(b >> 2) & 1];
     const int32_t* c = sums[b & (kSlots - 1)];
-    for (int m = 0; m < R; ++m)
-      t[m] = add_pair(a, ss, static_cast<int>(b & 3), row0 + m, b, _mm512_load_si512(c + 32 * m),
-                      _mm512_load_si512(c + 32 * m + 16), t[m]);
+    for (int m = 0; m < R; ++m) {  // (S_j0, S_j1 of row m: C rows 2m, 2m + 1, or row m of each half)
+      const int32_t* s0 = Paired ? c + 32 * m : c + 16 * m;
+      const int32_t* s1 = Paired ? s0 + 16 : s0 + 16 * R;
+      t[m] = add_pair(a, ss, static_cast<int>(b & 3), row0 + m, b, _mm512_load_si512(s0), _mm512_load_si512(s1), t[m]);
+    }
   };
   for (int i = 0; i < q4k_quarters(a.K, 0); ++i) unpack_quarter(rec0 + kQ4KHeader + 512 * i, codes[0] + 1024 * i);
   for (int64_t sb = 0; sb < records; ++sb) {
     const uint8_t* rec = rec0 + sb * kQ4KRecord;
-    decode_scales(rec, s[sb & 1]);
+    decode_scales(rec, s[sb & 1]);  // (over record sb - 2's, whose last block was drained in sb - 1)
     const uint8_t* here = codes[sb & 1];
     uint8_t* next = codes[(sb & 1) ^ 1];
     const int quarters = q4k_quarters(a.K, sb), next_quarters = sb + 1 < records ? q4k_quarters(a.K, sb + 1) : 0;
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       if (i == quarters) break;
+      // (prefetches never fault: past the row block they fetch the next one, which comes next anyway)
       for (int line = 576 * i; line < 576 * (i + 1); line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(rec + kRecordsAhead * kQ4KRecord + line), _MM_HINT_T1);
       const int64_t b = 4 * sb + i;
-      if (b + kPairedAhead < nblk)
-        for (int line = 0; line < 2 * R; ++line)
-          _mm_prefetch(reinterpret_cast<const char*>(xp + 128 * R * (b + kPairedAhead) + 64 * line), _MM_HINT_T0);
-      if (i % 2 == 0) {
-        VS_MULTIPLY(0, 2, 4, here + 1024 * i, b)
-        if (b > 0) {
-          VS_STORE(1, b - 1)
+      const uint8_t* buf = here + 1024 * i;
+      if constexpr (Paired) {
+        if (b + kPairedAhead < nblk)
+          for (int line = 0; line < 2 * R; ++line)
+            _mm_prefetch(reinterpret_cast<const char*>(x + 128 * R * (b + kPairedAhead) + 64 * line), _MM_HINT_T0);
+        if (i % 2 == 0) {
+          VS_PAIRED(0, 2, 4, buf, b)
+          if (b > 0) {
+            VS_STORE_PAIRED(1, b - 1)
+          }
+        } else {
+          VS_PAIRED(1, 3, 5, buf, b)
+          VS_STORE_PAIRED(0, b - 1)
         }
       } else {
-        VS_MULTIPLY(1, 3, 5, here + 1024 * i, b)
-        VS_STORE(0, b - 1)
+        if (i % 2 == 0) {
+          VS_HALVES(0, 1, buf, b)
+          if (b > 0) {
+            VS_STORE_HALVES(2, 3, b - 1)
+          }
+        } else {
+          VS_HALVES(2, 3, buf, b)
+          VS_STORE_HALVES(0, 1, b - 1)
+        }
       }
       if (b - 1 - kDrainLag >= 0) drain(b - 1 - kDrainLag);
       if (i < next_quarters) unpack_quarter(rec + kQ4KRecord + kQ4KHeader + 512 * i, next + 1024 * i);
     }
   }
-  VS_STORE(1, nblk - 1)
+  // (the last block is odd: K is a multiple of 128)
+  if constexpr (Paired) {
+    VS_STORE_PAIRED(1, nblk - 1)
+  } else {
+    VS_STORE_HALVES(2, 3, nblk - 1)
+  }
   for (int64_t b = std::max<int64_t>(0, nblk - 1 - kDrainLag); b < nblk; ++b) drain(b);
   for (int m = 0; m < R; ++m) finish_row(a, nb, row0 + m, t[m]);
 }
-#undef VS_MULTIPLY
-#undef VS_STORE
+#undef VS_HALVES
+#undef VS_STORE_HALVES
+#undef VS_PAIRED
+#undef VS_STORE_PAIRED
 
-using RowsFn = void (*)(const W8A8Args&, int64_t, int64_t);
-constexpr auto kAmxFns = rows_table<16>([](auto r) { return &amx_rows<decltype(r)::value>; });
-using PairedFn = void (*)(const W8A8Args&, const int8_t*, int64_t, int64_t);
-constexpr auto kPairedFns = rows_table<kPairedRows>([](auto r) { return &paired_rows<decltype(r)::value>; });
+using RowsFn = void (*)(const W8A8Args&, const int8_t*, int64_t, int64_t);
+constexpr auto kHalvesFns = rows_table<16>([](auto r) { return &tile_rows<decltype(r)::value, false>; });
+constexpr auto kPairedFns = rows_table<kPairedRows>([](auto r) { return &tile_rows<decltype(r)::value, true>; });
 
 }  // namespace
 
 // Every row, 16 at a time (then the rest) over the same row block, whose records are then in L2:
-// one tile configuration per chunk size.
+// one tile configuration per chunk size; a rest of up to kPairedRows rows paired.
 void q4k_linear_amx(const W8A8Args& a, int64_t begin, int64_t end) {
   const int64_t full = a.M / kRows, rest = a.M % kRows;
   if (full) {
     configure_q4k_tiles(kRows);
     for (int64_t nb = begin; nb < end; ++nb)
-      for (int64_t c = 0; c < full; ++c) amx_rows<kRows>(a, nb, c * kRows);
+      for (int64_t c = 0; c < full; ++c) tile_rows<kRows, false>(a, a.xq + c * kRows * a.K, nb, c * kRows);
   }
   if (rest && rest <= kPairedRows) {
-    static thread_local std::vector<int8_t> paired;
+    static thread_local std::vector<int8_t> paired;  // (this thread's: at most 16 K bytes)
     paired.resize(static_cast<size_t>(a.K * 2 * rest));
     paired_activations(a, full * kRows, static_cast<int>(rest), paired.data());
     configure_paired_tiles(static_cast<int>(rest));
-    const PairedFn tail = pick_rows(kPairedFns, rest);
+    const RowsFn tail = pick_rows(kPairedFns, rest);
     for (int64_t nb = begin; nb < end; ++nb) tail(a, paired.data(), nb, full * kRows);
   } else if (rest) {
     configure_q4k_tiles(static_cast<int>(rest));
-    const RowsFn tail = pick_rows(kAmxFns, rest);
-    for (int64_t nb = begin; nb < end; ++nb) tail(a, nb, full * kRows);
+    const RowsFn tail = pick_rows(kHalvesFns, rest);
+    for (int64_t nb = begin; nb < end; ++nb) tail(a, a.xq + full * kRows * a.K, nb, full * kRows);
   }
   _tile_release();
 }
