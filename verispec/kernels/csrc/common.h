@@ -160,9 +160,9 @@ void q4k_linear_amx(const W8A8Args& a, int64_t begin, int64_t end);
 // record ahead on this tier (vec/dots.h) made them the faster again up to 8 rows: [8960 x 1536]
 // at 6 / 8 / 12 rows 0.379 / 0.428 / 0.586 ms against the tiles' 0.427 / 0.457 / 0.529
 // (kernel_stream.py); whole passes, vectors up to 8 over tiles from 7: 0.964 at T = 8. Then the
-// tiles took both sub-blocks of up to 8 rows in one multiply (amx/q4k.cpp: paired_rows): tiles from 5
-// rows over vectors up to 8, 0.986 / 0.968 / 0.971 at T = 5 / 6 / 8 (the 0.5B draft in int4-all
-// 0.961 / 0.956 / 0.967); from 3 rows, 1.017 / 1.014 at T = 3 / 4.
+// tiles took both sub-blocks of up to 8 rows in one multiply (amx/q4k.cpp: tile_rows, paired):
+// tiles from 5 rows over vectors up to 8, 0.986 / 0.968 / 0.971 at T = 5 / 6 / 8 (the 0.5B draft in
+// int4-all 0.961 / 0.956 / 0.967); from 3 rows, 1.017 / 1.014 at T = 3 / 4.
 constexpr int kQ4KVectorRows = 4;
 
 // ---- GGUF Q6_K weights (vec/pack.cpp: the layout; vec/linear.cpp: the vector kernels, which every
