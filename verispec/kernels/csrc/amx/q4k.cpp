@@ -280,7 +280,7 @@ void q4k_linear_amx(const W8A8Args& a, int64_t begin, int64_t end) {
       for (int64_t c = 0; c < full; ++c) tile_rows<kRows, false>(a, a.xq + c * kRows * a.K, nb, c * kRows);
   }
   if (rest && rest <= kPairedRows) {
-    static thread_local std::vector<int8_t> paired;  // (this thread's: at most 16 K bytes)
+    static thread_local std::vector<int8_t> paired;  // (this thread's: at most 16 x K bytes)
     paired.resize(static_cast<size_t>(a.K * 2 * rest));
     paired_activations(a, full * kRows, static_cast<int>(rest), paired.data());
     configure_paired_tiles(static_cast<int>(rest));
