@@ -36,13 +36,14 @@
 //     memory-bound at one to a few rows, until VPDPBUSD's throughput takes over;
 //   - AMX (this file) for more rows: the unpacked codes of a block are an int8 B tile (16 groups
 //     x 64 bytes), against an A tile that holds each activation row twice, once per sub-block with
-//     the other's 32 inputs zero (tile_rows paired, up to 8 rows), so that one TDPBSUD gives S_j0 and
-//     S_j1 of every row; with more rows, a sub-block's codes (8 groups) against the rows' 32
-//     inputs (tile_rows in halves, up to 16 rows a call, two multiplies a block). A record's codes are
-//     unpacked while the one before it multiplies, and a block's sums are scaled two blocks after
-//     their multiply. The tile operations cost by the rows they move, not the multiplies (alone,
-//     [8960 x 1536]: 0.29 / 0.38 ms at 1 / 8 rows paired, 0.37 at 1 to 8 in halves; the vectors'
-//     one row 0.27). On an Intel Xeon with AMX the tiles are faster than the vectors from 5 rows
+//     the other's 32 inputs zero (tile_rows paired, up to 8 rows), so that one TDPBSUD gives S_j0
+//     and S_j1 of every row; with more rows, a sub-block's codes (8 groups) against the rows' 32
+//     inputs (tile_rows in halves, up to 16 rows a call, two multiplies a block). A record's codes
+//     are unpacked while the one before it multiplies, and a block's sums are scaled two blocks
+//     after their multiply. The tile operations cost by the rows they move, not the multiplies
+//     (alone, [8960 x 1536]: 0.29 / 0.32 / 0.38 ms at 1 / 4 / 8 rows paired, 0.37 at 1 to 8 in
+//     halves; the vectors' one row 0.27; whole kernels paired 0.29 / 0.32 / 0.38, in halves 0.43 /
+//     - / 0.43-0.48). On an Intel Xeon with AMX the tiles are faster than the vectors from 5 rows
 //     (6 / 8 rows 0.34 / 0.38 ms against 0.37 / 0.41; 12 rows 0.48 against 0.56;
 //     benchmarks/kernel_stream.py), so calls of up to kQ4KVectorRows rows stay on vectors.
 //
@@ -86,9 +87,9 @@ inline void finish_row(const W8A8Args& a, int64_t nb, int64_t row, __m512 t) {
 }
 
 // AMX tiles in halves: tmm0, tmm1 and tmm2, tmm3 C (rows x 16 int32) of sub-blocks 2i, 2i + 1 of
-// even and odd blocks; tmm4, tmm5 A (rows x 32 activation bytes) of the same; tmm6, tmm7 B (8 groups x 64
-// bytes: the codes of 16 weight rows x 32 inputs, unpacked from the nibbles). TDPBSUD C += A . B:
-// signed A, unsigned B.
+// even and odd blocks; tmm4, tmm5 A (rows x 32 activation bytes) of the same; tmm6, tmm7 B (8
+// groups x 64 bytes: the codes of 16 weight rows x 32 inputs, unpacked from the nibbles). TDPBSUD
+// C += A . B: signed A, unsigned B.
 inline void configure_q4k_tiles(int rows) {
   const TileShape c{rows, 64}, a{rows, 32}, b{8, 64};
   configure_tiles({c, c, c, c, a, a, b, b});
@@ -134,10 +135,8 @@ inline void unpack_quarter(const uint8_t* q, uint8_t* buf) {
 // block's 64 inputs (both unpacked halves, as unpack_quarter lays them out: 16 groups). So C row
 // 2m is S_j0 of row m and row 2m + 1 its S_j1: one zeroing, two tile loads, one multiply and one
 // store per block, where the halves (more rows) take two of each. The tile operations cost by the
-// rows they move, so pairing halves them at few rows and gives little at 8 (kernel_stream.py,
-// [8960 x 1536], Intel Xeon with AMX, ms per matrix at 1 / 4 / 8 rows, the tile operations alone:
-// 0.29 / 0.32 / 0.38 against the halves' 0.37 / - / 0.37; whole kernels 0.29 / 0.32 / 0.38 against
-// 0.43 / - / 0.43-0.48).
+// rows they move, so pairing halves them at few rows and gives little at 8 (the figures: this file's
+// top).
 constexpr int kPairedRows = 8;
 
 // Paired: A (2R rows x 64 activation bytes) tiles 2, 3, B (16 groups x 64 bytes) tiles 4, 5 and C

@@ -126,8 +126,8 @@ inline __attribute__((always_inline)) void q4k_record(const uint8_t* rec, int64_
   decode_scales(rec, s);
 #pragma GCC unroll 4
   for (int i = 0; i < Q; ++i) {
-    // The stream kQ4KPrefetchAhead bytes ahead (dots.h: two whole records, half of one on the amx
-    // tier), a quarter's span (9 lines) before each quarter of this record (dots.h's
+    // The stream kQ4KPrefetchAhead bytes ahead (dots.h: two whole records, half of one on the
+    // Intel tiers), a quarter's span (9 lines) before each quarter of this record (dots.h's
     // kPrefetchLocality): all 36 lines at once at the record's start held the
     // load pipe while they missed, which cost the many-row calls their multiplies (Zen 4, [8960 x
     // 1536], 2 threads: 8 rows 0.66 -> 0.41 ms, 4 rows 0.36 -> 0.27 ms, one row the same;
