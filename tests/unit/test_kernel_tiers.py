@@ -47,6 +47,15 @@ def outputs(module: Any) -> dict[str, Any]:
         out[f"int8 fp32 {m}"] = module.w8a8_linear(x.float(), int8, scale, n, k, None)
         out[f"quantize {m}"] = module.w8a8_quantize(x)
         out[f"bf16 {m}"] = module.bf16_linear(x, bf16, n, k, bias, True)
+    # NaN (also in a block's first lane), infinity, blocks of zeros of both signs: the block maxima
+    # take their in-order path; compared as bits (a NaN scale equals itself there)
+    special = torch.randn(3, 256, generator=gen)
+    special[0, 5], special[0, 70], special[2, 0] = float("nan"), float("inf"), float("nan")
+    special[1, :64], special[1, 64:128], special[1, 130] = -0.0, 0.0, -0.0
+    special[1, 192:256:2] = -0.0
+    special[1, 193:256:2] = 0.0
+    codes, scales, sums = module.w8a8_quantize(special.to(torch.bfloat16))
+    out["quantize specials"] = (codes, scales.view(torch.int32), sums)
     h = (3 * torch.randn(5, 200, generator=gen)).to(torch.bfloat16)
     out["rms_norm"] = (module.rms_norm(h, torch.randn(5, 200, generator=gen).to(torch.bfloat16), h[0], 1e-6), h)
     gate_up = (4 * torch.randn(6, 272, generator=gen)).to(torch.bfloat16)

@@ -790,19 +790,60 @@ inline F16 reduce_add16(const F16* a) {
 #endif
 }
 // Lanes in order: the max is exact; with NaN lanes the order decides, and it is the same on every tier.
-inline float reduce_max(F16 a) {
+inline float reduce_max_in_order(F16 a) {
   alignas(64) float t[16];
   store(t, a);
   float m = t[0];
   for (int i = 1; i < 16; ++i) m = t[i] > m ? t[i] : m;
   return m;
 }
+// The same value, by a shuffle tree where that is certainly the same bits: no lane is NaN and the
+// max is not zero (so not -0 against +0, which compare equal), else in order.
+inline float reduce_max(F16 a) {
+#if VS_VEC_AVX512
+  if (_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q) == 0) {
+    const float m = _mm512_reduce_max_ps(a.v);
+    if (m != 0.0f) return m;
+  }
+#elif VS_VEC_AVX2
+  const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q));
+  if (_mm256_movemask_ps(nan) == 0) {
+    __m256 x = _mm256_max_ps(a.lo, a.hi);
+    __m128 y = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    y = _mm_max_ps(y, _mm_movehl_ps(y, y));
+    y = _mm_max_ss(y, _mm_movehdup_ps(y));
+    const float m = _mm_cvtss_f32(y);
+    if (m != 0.0f) return m;
+  }
+#elif VS_VEC_NEON
+  const uint32x4_t ordered = vandq_u32(vandq_u32(vceqq_f32(a.v[0], a.v[0]), vceqq_f32(a.v[1], a.v[1])),
+                                       vandq_u32(vceqq_f32(a.v[2], a.v[2]), vceqq_f32(a.v[3], a.v[3])));
+  if (vminvq_u32(ordered) != 0) {
+    const float m = vmaxvq_f32(vmaxq_f32(vmaxq_f32(a.v[0], a.v[1]), vmaxq_f32(a.v[2], a.v[3])));
+    if (m != 0.0f) return m;
+  }
+#endif
+  return reduce_max_in_order(a);
+}
+// The lanes' sum modulo 2^32: the same in any order.
 inline int32_t ireduce_add(I16 a) {
+#if VS_VEC_AVX512
+  return _mm512_reduce_add_epi32(a.v);
+#elif VS_VEC_AVX2
+  const __m256i x = _mm256_add_epi32(a.lo, a.hi);
+  __m128i y = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  y = _mm_add_epi32(y, _mm_shuffle_epi32(y, _MM_SHUFFLE(1, 0, 3, 2)));
+  y = _mm_add_epi32(y, _mm_shuffle_epi32(y, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(y);
+#elif VS_VEC_NEON
+  return vaddvq_s32(vaddq_s32(vaddq_s32(a.v[0], a.v[1]), vaddq_s32(a.v[2], a.v[3])));
+#else
   alignas(64) int32_t t[16];
   istore(t, a);
   uint32_t s = 0;
   for (int i = 0; i < 16; ++i) s += static_cast<uint32_t>(t[i]);
   return static_cast<int32_t>(s);
+#endif
 }
 
 // exp(x) in fp32 (about 2 ulp): x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite), exp(r) by its
