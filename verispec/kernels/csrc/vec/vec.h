@@ -182,6 +182,7 @@ inline F16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline F16 set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 inline F16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 inline F16 load_n(const float* p, int n) {
+  if (n >= 16) return load(p);  // (whole vectors: plain loads, cheaper than masked ones)
   return {_mm256_maskload_ps(p, first8(n)), _mm256_maskload_ps(p + 8, first8(n - 8))};
 }
 inline void store(float* p, F16 a) {
@@ -189,6 +190,7 @@ inline void store(float* p, F16 a) {
   _mm256_storeu_ps(p + 8, a.hi);
 }
 inline void store_n(float* p, F16 a, int n) {
+  if (n >= 16) return store(p, a);  // (whole vectors: plain stores, cheaper than masked ones)
   _mm256_maskstore_ps(p, first8(n), a.lo);
   _mm256_maskstore_ps(p + 8, first8(n - 8), a.hi);
 }
@@ -201,6 +203,7 @@ inline F16 load_bf16(const uint16_t* p) {
                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
 }
 inline F16 load_bf16_n(const uint16_t* p, int n) {
+  if (n >= 16) return load_bf16(p);  // (whole vectors: no copy through the stack)
   alignas(32) uint16_t t[16] = {0};
   for (int i = 0; i < n && i < 16; ++i) t[i] = p[i];
   return load_bf16(t);
@@ -220,6 +223,7 @@ inline __m256i bf16_of(F16 a) {  // 16 bf16 in lane order
 }
 inline void store_bf16(uint16_t* p, F16 a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_of(a)); }
 inline void store_bf16_n(uint16_t* p, F16 a, int n) {
+  if (n >= 16) return store_bf16(p, a);  // (whole vectors: no copy through the stack)
   alignas(32) uint16_t t[16];
   store_bf16(t, a);
   for (int i = 0; i < n && i < 16; ++i) p[i] = t[i];
@@ -347,12 +351,14 @@ inline F16 load(const float* p) {
   return r;
 }
 inline F16 load_n(const float* p, int n) {
+  if (n >= 16) return load(p);  // (whole vectors: no copy through the stack)
   alignas(16) float t[16] = {0};
   for (int i = 0; i < n && i < 16; ++i) t[i] = p[i];
   return load(t);
 }
 inline void store(float* p, F16 a) { VS_Q(q) vst1q_f32(p + 4 * q, a.v[q]); }
 inline void store_n(float* p, F16 a, int n) {
+  if (n >= 16) return store(p, a);  // (whole vectors: no copy through the stack)
   alignas(16) float t[16];
   store(t, a);
   for (int i = 0; i < n && i < 16; ++i) p[i] = t[i];
@@ -363,6 +369,7 @@ inline F16 load_bf16(const uint16_t* p) {
   return r;
 }
 inline F16 load_bf16_n(const uint16_t* p, int n) {
+  if (n >= 16) return load_bf16(p);  // (whole vectors: no copy through the stack)
   alignas(16) uint16_t t[16] = {0};
   for (int i = 0; i < n && i < 16; ++i) t[i] = p[i];
   return load_bf16(t);
@@ -375,6 +382,7 @@ inline uint16x4_t bf16_quarter(float32x4_t a) {  // round to nearest even, NaN -
 }
 inline void store_bf16(uint16_t* p, F16 a) { VS_Q(q) vst1_u16(p + 4 * q, bf16_quarter(a.v[q])); }
 inline void store_bf16_n(uint16_t* p, F16 a, int n) {
+  if (n >= 16) return store_bf16(p, a);  // (whole vectors: no copy through the stack)
   alignas(16) uint16_t t[16];
   store_bf16(t, a);
   for (int i = 0; i < n && i < 16; ++i) p[i] = t[i];
