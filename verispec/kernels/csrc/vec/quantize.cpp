@@ -15,9 +15,10 @@ namespace {
 
 // One row's blocks [b0, b1) (see w8a8_quantize). A block's 64 inputs are loaded once, into
 // registers: their max, then their codes and the two sums from there; the max and the sums of
-// the lanes by vec.h's shuffle trees (the same values as in lane order). 0.27 ns per input where
-// it was 0.70 (loads per pass of the max and of the codes, in-order lane reductions), one thread of
-// the Intel Xeon with AMX, amx tier: about 1.2 ms less per 8-token pass of the 1.5B.
+// the lanes by vec.h's shuffle trees (the same values as in lane order). Against loading the block
+// once for the max and again for the codes, and reducing lane by lane through memory: 0.27 instead
+// of 0.70 ns per input (one thread of the Intel Xeon with AMX, amx tier), 1.4 ms less per 8-token
+// pass of the 1.5B int4 (benchmarks/kernels_ab.py, 0.983).
 template <bool BF16>
 void quantize_row(const void* x, int64_t m, int64_t x_cols, int64_t k, int8_t* xq, float* scale, int32_t* sum,
                   int64_t b0, int64_t b1) {
@@ -32,7 +33,7 @@ void quantize_row(const void* x, int64_t m, int64_t x_cols, int64_t k, int8_t* x
   const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t i0 = b * kW8A8Block;
-    const int n = static_cast<int>(std::min<int64_t>(kW8A8Block, k - i0)) / 16;  // vectors: 4 (2 in a last half block)
+    const int n = static_cast<int>(std::min<int64_t>(kW8A8Block, k - i0)) / 16;  // 4 (2: a last half block)
     F16 v[kVectors];
     F16 amax = zero();
     for (int j = 0; j < n; ++j) {

@@ -814,8 +814,8 @@ inline float reduce_max(F16 a) {
     if (m != 0.0f) return m;
   }
 #elif VS_VEC_AVX2
-  const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q));
-  if (_mm256_movemask_ps(nan) == 0) {
+  const __m256 nan_lo = _mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), nan_hi = _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q);
+  if (_mm256_movemask_ps(_mm256_or_ps(nan_lo, nan_hi)) == 0) {
     __m256 x = _mm256_max_ps(a.lo, a.hi);
     __m128 y = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     y = _mm_max_ps(y, _mm_movehl_ps(y, y));
