@@ -150,12 +150,12 @@ inline void configure_paired_tiles(int rows) {
 // out + 128 rows b.
 void paired_activations(const W8A8Args& a, int64_t row0, int rows, int8_t* out) {
   const int64_t nblk = a.K / 64;
-  std::memset(out, 0, static_cast<size_t>(nblk * 128 * rows));
   for (int64_t b = 0; b < nblk; ++b)
     for (int m = 0; m < rows; ++m) {
       const int8_t* x = a.xq + (row0 + m) * a.K + 64 * b;
       int8_t* o = out + (b * rows + m) * 128;
       std::memcpy(o, x, 32);
+      std::memset(o + 32, 0, 64);
       std::memcpy(o + 96, x + 32, 32);
     }
 }

@@ -134,11 +134,12 @@ void weigh_columns(const AttnArgs& a, int64_t row0, const float* p, const int32_
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 2
     for (int i = 0; i < NV; ++i) o[r][i] = zero();
-  const int64_t row_bytes = a.D * (BF16 ? 2 : 4);
+  constexpr int64_t kElement = BF16 ? 2 : 4;  // bytes of a value
+  const int64_t row_bytes = a.D * kElement;
   for (int64_t u = 0; u < n; ++u) {
     const int64_t vrow = v0 + static_cast<int64_t>(index[u]) * a.D;
     if (col0 == 0 && u + kValuesAhead < n) {  // the whole value row, for this pass and the next ones
-      const char* ahead = static_cast<const char*>(a.v) + (v0 + index[u + kValuesAhead] * a.D) * (BF16 ? 2 : 4);
+      const char* ahead = static_cast<const char*>(a.v) + (v0 + index[u + kValuesAhead] * a.D) * kElement;
       for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line, 0, 3);
     }
     F16 v[NV];
