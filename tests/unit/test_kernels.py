@@ -259,6 +259,45 @@ def test_engines_agree_bit_for_bit(kind: str) -> None:
                     run(x, 2)
 
 
+@pytest.mark.parametrize(("n", "k", "cols"), [(40, 512, 512), (33, 896, 896), (24, 768, 640)])
+def test_q4k_prefill_is_bf16_tiles_on_the_weights_rounded_to_bf16(n: int, k: int, cols: int) -> None:
+    """A prompt's Q4_K projection on the amx tier (csrc/amx/prefill.cpp): gguf-py's exact weights
+    rounded to bf16 (nearest even), times the bf16 activations in TDPBF16PS's order (the bf16
+    kernel's reference), bit for bit; a row's result does not depend on the other rows. Half
+    records (K = 896) and activations narrower than the padded weights (640 of 768) included.
+    Every other tier refuses the call."""
+    from verispec.kernels import Q4KLinear
+    from verispec.kernels.linear import reference_bf16_linear
+
+    kernels = require_kernels()
+    kb = -(-k // 256) * 256  # the GGUF blocks cover whole super-blocks
+    blocks = q4k_blocks(n, kb, seed=k).reshape(n, kb // 256, 144)
+    if kb != k:  # the padding's sub-blocks weigh nothing (scale and min 0), as a requantised file's
+        blocks[:, -1, 4 + 8 : 4 + 12] = 0
+        blocks[:, -1, 4 : 4 + 8] &= 0x3F
+    blocks = blocks.reshape(n, -1)
+    gen = torch.Generator().manual_seed(n)
+    bias = torch.randn(n, generator=gen)
+    lin = Q4KLinear(kernels.q4k_pack(torch.from_numpy(blocks), n, k), n, k, bias)
+    x = torch.randn(40, cols, generator=gen).to(torch.bfloat16)
+    if not kernels.prefill_available():
+        with pytest.raises(RuntimeError, match="needs the amx tier"):
+            kernels.q4k_prefill_linear(x, lin.q4k, n, k, bias)
+        return
+    w16 = exact_weights(blocks, n, kb)[:, :k].to(torch.bfloat16)
+    padded = torch.nn.functional.pad(x, (0, k - cols))
+    for m in ROWS:
+        y = kernels.q4k_prefill_linear(x[:m], lin.q4k, n, k, bias)
+        assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+        assert torch.equal(y, reference_bf16_linear(padded[:m], w16, bias, order="amx").to(torch.bfloat16)), m
+        rows = [kernels.q4k_prefill_linear(x[i : i + 1], lin.q4k, n, k, bias) for i in range(m)]
+        assert torch.equal(y, torch.cat(rows)), m
+    with pytest.raises(RuntimeError, match="must be bf16"):
+        kernels.q4k_prefill_linear(x.float(), lin.q4k, n, k, bias)
+    with pytest.raises(RuntimeError, match="packed Q4_K"):
+        kernels.q4k_prefill_linear(x, lin.q4k[:-1], n, k, bias)
+
+
 @pytest.mark.parametrize(("n", "k"), [(40, 96), (16, 256), (3, 32)])
 def test_int8_packing_is_lossless(n: int, k: int) -> None:
     from verispec.kernels import Int8Linear

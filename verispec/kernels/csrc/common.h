@@ -232,6 +232,17 @@ constexpr int kBf16Align = 32;  // K must be a multiple of this (one AMX step)
 void bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed, int64_t begin, int64_t end);
 void bf16_linear_vec(const Bf16Args& a, int64_t begin, int64_t end);
 void bf16_linear_amx(const Bf16Args& a, int64_t begin, int64_t end);
+constexpr int kBf16GroupBlocks = 4;  // weight row blocks the AMX kernel multiplies together
+// The AMX kernel on `blocks` (1..kBf16GroupBlocks) row blocks of packed bf16 weights at w (one
+// after another, K * 16 values each) giving output row blocks nb .. nb + blocks - 1, every row of
+// a (a.w unused); `configured`: the rows the tiles are configured with (0: none; the caller
+// releases the tiles).
+void bf16_blocks_amx(const Bf16Args& a, const uint16_t* w, int64_t nb, int blocks, int& configured);
+
+// ---- Q4_K projections of a prompt's rows (amx/prefill.cpp, amx tier only): the weights
+// dequantised to bf16 a group of row blocks at a time, then bf16.cpp's AMX kernel. a: the
+// activations (bf16, K = the packed inputs), bias, y (bf16), M, N, K (a.w unused); row blocks [begin, end).
+void q4k_prefill_amx(const uint8_t* q4k, const Bf16Args& a, int64_t begin, int64_t end);
 
 // ---- memory bandwidth probe (vec/pack.cpp): xor of every 8 bytes of [p, p + bytes)
 uint64_t stream_xor(const uint8_t* p, int64_t bytes);

@@ -32,7 +32,6 @@ namespace {
 
 constexpr int kStepInputs = 32;                       // inputs per tile step
 constexpr int kStepBytes = kRows * kStepInputs * 2;   // one B tile: 16 weight rows x 32 bf16
-constexpr int kGroupBlocks = 4;                       // weight row blocks multiplied together
 constexpr int kPrefetchSteps = 4;                     // how many steps ahead each stream is prefetched
 
 // tmm0..3: C (rows x 16 fp32) of up to four row blocks; tmm4: A (rows x 32 bf16 activations);
@@ -55,12 +54,12 @@ inline void store_block(const Bf16Args& a, int64_t nb, int64_t row0, int rows, c
   }
 }
 
-// G (1..4) row blocks from nb, the R rows from row0 (the rows the tiles are configured with).
+// G (1..4) row blocks of weights at w (packed, one after another) against the R rows from row0
+// (the rows the tiles are configured with): the output columns of row blocks nb .. nb + G - 1.
 template <int G>
-void amx_group(const Bf16Args& a, int64_t nb, int64_t row0, int rows) {
+void amx_group(const Bf16Args& a, const uint8_t* w, int64_t nb, int64_t row0, int rows) {
   const int64_t steps = a.K / kStepInputs;
   const int64_t block_bytes = a.K * kRows * 2;
-  const uint8_t* w = reinterpret_cast<const uint8_t*>(a.w) + nb * block_bytes;
   const uint16_t* x = a.x + row0 * a.K;
   const int64_t x_stride = a.K * 2;
   _tile_zero(0);
@@ -91,7 +90,7 @@ void amx_group(const Bf16Args& a, int64_t nb, int64_t row0, int rows) {
       _tile_dpbf16ps(3, 4, 5);
     }
   }
-  alignas(64) float c[kGroupBlocks][kRows * 16];
+  alignas(64) float c[kBf16GroupBlocks][kRows * 16];
   _tile_stored(0, c[0], 64);
   if (G > 1) _tile_stored(1, c[1], 64);
   if (G > 2) _tile_stored(2, c[2], 64);
@@ -99,32 +98,39 @@ void amx_group(const Bf16Args& a, int64_t nb, int64_t row0, int rows) {
   for (int g = 0; g < G; ++g) store_block(a, nb + g, row0, rows, c[g]);
 }
 
-// G row blocks from nb for every row, 16 rows at a time (then the rest): the group's weights are
-// read from memory once and from L2 for the later row chunks. `configured` is the row count the
-// tiles are configured with (0: none yet).
+// G row blocks of weights at w (output row blocks from nb) for every row, 16 rows at a time (then
+// the rest): the group's weights are read from memory once and from L2 for the later row chunks.
+// `configured` is the row count the tiles are configured with (0: none yet).
 template <int G>
-void amx_rows(const Bf16Args& a, int64_t nb, int& configured) {
+void amx_rows(const Bf16Args& a, const uint8_t* w, int64_t nb, int& configured) {
   for (int64_t row0 = 0; row0 < a.M; row0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(a.M - row0, kRows));
     if (rows != configured) {
       configure_bf16_tiles(rows);
       configured = rows;
     }
-    amx_group<G>(a, nb, row0, rows);
+    amx_group<G>(a, w, nb, row0, rows);
   }
 }
 
 }  // namespace
 
+void bf16_blocks_amx(const Bf16Args& a, const uint16_t* w, int64_t nb, int blocks, int& configured) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(w);
+  switch (blocks) {
+    case 4: amx_rows<4>(a, bytes, nb, configured); break;
+    case 3: amx_rows<3>(a, bytes, nb, configured); break;
+    case 2: amx_rows<2>(a, bytes, nb, configured); break;
+    case 1: amx_rows<1>(a, bytes, nb, configured); break;
+    default: break;
+  }
+}
+
 void bf16_linear_amx(const Bf16Args& a, int64_t begin, int64_t end) {
   int configured = 0;
-  int64_t nb = begin;
-  for (; nb + kGroupBlocks <= end; nb += kGroupBlocks) amx_rows<kGroupBlocks>(a, nb, configured);
-  switch (end - nb) {
-    case 3: amx_rows<3>(a, nb, configured); break;
-    case 2: amx_rows<2>(a, nb, configured); break;
-    case 1: amx_rows<1>(a, nb, configured); break;
-    default: break;
+  for (int64_t nb = begin; nb < end; nb += kBf16GroupBlocks) {
+    const int blocks = static_cast<int>(std::min<int64_t>(end - nb, kBf16GroupBlocks));
+    bf16_blocks_amx(a, a.w + nb * a.K * kRows, nb, blocks, configured);
   }
   if (configured) _tile_release();
 }
