@@ -54,6 +54,7 @@ from torch import Tensor
 from verispec.drafters.base import BatchView
 from verispec.errors import ConfigError, InputError
 from verispec.models.protocol import LanguageModel
+from verispec.models.transformer import PREFILL_MIN_TOKENS
 from verispec.sampling import TokenHistory, build_laws, cut_vocab, mode, sample
 from verispec.verify.base import PAD_ID, Draft
 
@@ -203,7 +204,9 @@ class ModelDrafter:
             tokens[row, : len(piece)] = torch.tensor(piece, dtype=torch.long)
         num_new = [len(p) for p in pieces]
         slots = [s.slot for s in states]
-        extra = {} if mask is None else {"attn_mask": mask}  # (chains pass no mask: any model takes them)
+        extra: dict[str, Any] = {} if mask is None else {"attn_mask": mask}  # (chains: no mask, any model takes them)
+        if width >= PREFILL_MIN_TOKENS:  # a catch-up over a prompt: the model's prefill path
+            extra["prefill"] = True
         if self._head_ids is not None:
             none = torch.empty((len(pieces), 0), dtype=torch.long, device=device)
             hidden = self.model.forward_with_hidden(

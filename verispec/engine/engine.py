@@ -31,7 +31,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -45,7 +45,7 @@ from verispec.engine.request import Request, RequestOutput
 from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.formats.tokenizer import Tokenizer
 from verispec.models.protocol import LanguageModel
-from verispec.models.transformer import ForwardOutput, tree_attention_mask
+from verispec.models.transformer import PREFILL_MIN_TOKENS, ForwardOutput, tree_attention_mask
 from verispec.sampling import Laws, TokenHistory, build_laws, cut_vocab, make_generator
 from verispec.verify import Draft, make_rule
 
@@ -224,34 +224,51 @@ class Engine:
         return outputs
 
     def _feed_prompts(self, batch: list[Request]) -> tuple[Tensor, list[Tensor] | None]:
-        """Run every prompt through the target in chunks of ``prefill_chunk`` tokens (ragged rows,
-        right-padded); return the logits ``[B, V]`` after each prompt's last token, and each
-        prompt's hidden states ``[P_b, C]`` when the drafter reads them (else None)."""
-        device = self.target.device
+        """Run every prompt through the target in chunks of ``prefill_chunk`` tokens; return the
+        logits ``[B, V]`` after each prompt's last token, and each prompt's hidden states
+        ``[P_b, C]`` when the drafter reads them (else None). A chunk's piece of
+        :data:`~verispec.models.transformer.PREFILL_MIN_TOKENS` tokens or more takes the model's
+        prefill path, one prompt a pass (so its keys and values depend on its own tokens alone);
+        shorter pieces go together (ragged rows, right-padded) as decoding steps do."""
         chunk = self.config.prefill_chunk
         lengths = [r.prompt_len for r in batch]
         last: list[Tensor | None] = [None] * len(batch)
         hidden: list[list[Tensor]] = [[] for _ in batch]
         for offset in range(0, max(lengths), chunk):
             rows = [i for i, n in enumerate(lengths) if n > offset]
-            pieces = [batch[i].tokens[offset : min(offset + chunk, batch[i].prompt_len)] for i in rows]
-            width = max(len(p) for p in pieces)
-            tokens = torch.zeros((len(rows), width), dtype=torch.long)
-            for j, piece in enumerate(pieces):
-                tokens[j, : len(piece)] = torch.tensor(piece, dtype=torch.long)
-            num_new = [len(p) for p in pieces]
-            at = torch.tensor([[n - 1] for n in num_new], device=device)
-            slots = [batch[i].cache_slot for i in rows]
-            run = self.target.forward_with_hidden if self.drafter.uses_target_hidden else self.target.forward
-            out = run(tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=at)
-            logits = out.logits if isinstance(out, ForwardOutput) else out  # [R, 1, V]
-            for j, i in enumerate(rows):
-                if isinstance(out, ForwardOutput):
-                    hidden[i].append(out.hidden[j, : num_new[j]])  # [n, C]
-                if lengths[i] <= offset + chunk:
-                    last[i] = logits[j, 0]
+            long = [i for i in rows if min(lengths[i], offset + chunk) - offset >= PREFILL_MIN_TOKENS]
+            short = [i for i in rows if i not in long]
+            groups = [([i], True) for i in long] + ([(short, False)] if short else [])
+            for group, prefill in groups:
+                pieces = [batch[i].tokens[offset : min(offset + chunk, lengths[i])] for i in group]
+                logits, piece_states = self._feed_pieces(batch, group, pieces, prefill)
+                for j, i in enumerate(group):
+                    if piece_states is not None:
+                        hidden[i].append(piece_states[j, : len(pieces[j])])  # [n, C]
+                    if lengths[i] <= offset + chunk:
+                        last[i] = logits[j, 0]
         states = [torch.cat(h) for h in hidden] if self.drafter.uses_target_hidden else None
         return torch.stack([t for t in last if t is not None]), states
+
+    def _feed_pieces(
+        self, batch: list[Request], rows: list[int], pieces: list[list[int]], prefill: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """One target pass over ``pieces`` (prompt tokens of ``batch[rows]``, right-padded); the
+        logits ``[R, 1, V]`` after each piece's last token and, when the drafter reads them, the
+        hidden states ``[R, T, C]``."""
+        device = self.target.device
+        width = max(len(p) for p in pieces)
+        tokens = torch.zeros((len(rows), width), dtype=torch.long)
+        for j, piece in enumerate(pieces):
+            tokens[j, : len(piece)] = torch.tensor(piece, dtype=torch.long)
+        num_new = [len(p) for p in pieces]
+        at = torch.tensor([[n - 1] for n in num_new], device=device)
+        slots = [batch[i].cache_slot for i in rows]
+        run = self.target.forward_with_hidden if self.drafter.uses_target_hidden else self.target.forward
+        out = run(tokens.to(device), None, self.cache, num_new=num_new, slots=slots, logits_at=at, prefill=prefill)
+        if isinstance(out, ForwardOutput):
+            return out.logits, out.hidden
+        return out, None
 
     # --------------------------------------------------------------------------------- decode
     def _decode(self, batch: list[Request]) -> list[RequestOutput]:
@@ -337,20 +354,19 @@ class Engine:
         pending = torch.tensor([[r.pending] for r in batch], dtype=torch.long, device=device)  # [B, 1]
         tokens = torch.cat([pending, draft.token_ids.to(device).clamp_min(0)], dim=1)  # [B, K + 1]
         slots = [r.cache_slot for r in batch]
-        positions, extra = None, {}
+        positions: Tensor | None = None
+        mask: Tensor | None = None
         if draft.is_tree:
             assert draft.parents is not None
             step_parents = torch.cat([torch.full_like(pending, -1), draft.parents.to(device).clamp_min(-1) + 1], 1)
             mask = tree_attention_mask(step_parents)  # [B, K + 1, K + 1]
             lengths = self.cache.lengths.index_select(0, torch.tensor(slots, device=self.cache.lengths.device))
             positions = lengths.to(device).unsqueeze(1) + mask.sum(dim=2) - 1  # [B, K + 1]: length + depth
-            extra = {"attn_mask": mask}
-        if self.drafter.uses_target_hidden:
-            out = self.target.forward_with_hidden(
-                tokens, positions, self.cache, num_new=[1 + n for n in counts], slots=slots, **extra
-            )  # fmt: skip
-            return out.logits, out.hidden
         num_new = [1 + n for n in counts]
+        extra: dict[str, Any] = {} if mask is None else {"attn_mask": mask}  # (chains: no mask, any model takes them)
+        if self.drafter.uses_target_hidden:
+            out = self.target.forward_with_hidden(tokens, positions, self.cache, num_new=num_new, slots=slots, **extra)
+            return out.logits, out.hidden
         return self.target.forward(tokens, positions, self.cache, num_new=num_new, slots=slots, **extra), None
 
     def _keep_accepted(self, batch: list[Request], draft: Draft, accepted: list[int], paths: list[list[int]]) -> None:

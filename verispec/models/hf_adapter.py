@@ -200,9 +200,10 @@ class HFCausalLMAdapter:
         num_new: Tensor | Sequence[int] | None = None,
         slots: Sequence[int] | None = None,
         logits_at: Tensor | None = None,
+        prefill: bool = False,
     ) -> Tensor:
         """As :meth:`Transformer.forward` for one row: ``tokens`` ``[1, T]`` -> logits ``[1, N, V]``
-        fp32, appending to ``cache``."""
+        fp32, appending to ``cache``. ``prefill`` changes nothing here (transformers has one path)."""
         return self._run(tokens, positions, cache, attn_mask, num_new, slots, logits_at, False).logits
 
     def forward_with_hidden(
@@ -215,6 +216,7 @@ class HFCausalLMAdapter:
         num_new: Tensor | Sequence[int] | None = None,
         slots: Sequence[int] | None = None,
         logits_at: Tensor | None = None,
+        prefill: bool = False,
     ) -> ForwardOutput:
         """:meth:`forward` plus the last hidden states ``[1, T, C]`` (transformers' last
         ``hidden_states`` entry, after the final norm)."""

@@ -74,6 +74,7 @@ class LanguageModel(Protocol):
         num_new: Tensor | Sequence[int] | None = None,
         slots: Sequence[int] | None = None,
         logits_at: Tensor | None = None,
+        prefill: bool = False,
     ) -> Tensor: ...
 
     def forward_with_hidden(
@@ -86,6 +87,7 @@ class LanguageModel(Protocol):
         num_new: Tensor | Sequence[int] | None = None,
         slots: Sequence[int] | None = None,
         logits_at: Tensor | None = None,
+        prefill: bool = False,
     ) -> ForwardOutput:
         """:meth:`forward` that also returns the last hidden states (after the final norm)."""
         ...

@@ -184,6 +184,13 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
 
 
+#: A prompt's piece of at least this many tokens takes the prefill path (``forward(prefill=True)``):
+#: whole 1.5B int4 passes on the amx tier (Intel Xeon with AMX, 2 threads), the prefill path over
+#: the decoding one: 0.59x at 32 tokens, 0.88x at 64, 1.15x at 128, 1.50x at 512 (1.85x after
+#: 1536 cached tokens).
+PREFILL_MIN_TOKENS = 96
+
+
 @dataclass(frozen=True)
 class ForwardOutput:
     """What :meth:`Transformer.forward_with_hidden` returns. Both are inference tensors (made
@@ -422,10 +429,11 @@ class Transformer(nn.Module):
         return moved
 
     def _layers_on_kernels(
-        self, h: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, plan: StepPlan, visible: Tensor
+        self, h: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, plan: StepPlan, visible: Tensor, prefill: bool
     ) -> Tensor:  # h [B, T, C] (updated in place) -> the final norm of the last hidden states [B, T, C]
         """The decoder layers and the final norm as kernel calls (see :meth:`_move_to_cpu_kernels`): the
-        same computation as the module path, every operation row by row (batch-invariant)."""
+        same computation as the module path, every operation row by row (batch-invariant). ``prefill``
+        (:meth:`forward_with_hidden`) applies to the one-call loop; the Python loop ignores it."""
         from verispec.kernels import load
 
         ops = load()
@@ -439,7 +447,7 @@ class Transformer(nn.Module):
         x = ops.rms_norm(flat, None, layers[0].input_layernorm.weight, eps)  # [M, C]
         if self._native_layers is not None and cache.k.dtype == torch.bfloat16:  # one call for all layers
             out = self._native_layers.forward(
-                flat, x, cos2, sin2, cache.k, cache.v, plan.rows, plan.write_pos, plan.span, visible
+                flat, x, cos2, sin2, cache.k, cache.v, plan.rows, plan.write_pos, plan.span, visible, prefill
             )  # [M, C]
             return out.view(b, t, c)  # type: ignore[no-any-return]
         for i, layer in enumerate(layers):
@@ -497,11 +505,12 @@ class Transformer(nn.Module):
         num_new: Tensor | Sequence[int] | None = None,
         slots: Sequence[int] | None = None,
         logits_at: Tensor | None = None,
+        prefill: bool = False,
     ) -> Tensor:
         """Run ``T`` new tokens per row through the model, appending them to ``cache``; return
         logits ``[B, N, V]`` fp32. See :meth:`forward_with_hidden` for the arguments."""
         return self.forward_with_hidden(
-            tokens, positions, cache, attn_mask, num_new=num_new, slots=slots, logits_at=logits_at
+            tokens, positions, cache, attn_mask, num_new=num_new, slots=slots, logits_at=logits_at, prefill=prefill
         ).logits
 
     def forward_with_hidden(
@@ -514,6 +523,7 @@ class Transformer(nn.Module):
         num_new: Tensor | Sequence[int] | None = None,
         slots: Sequence[int] | None = None,
         logits_at: Tensor | None = None,
+        prefill: bool = False,
     ) -> ForwardOutput:
         """The forward pass (see the module docstring); returns logits and last hidden states.
 
@@ -531,6 +541,13 @@ class Transformer(nn.Module):
         ``slots``: cache slot of each row (host ints); None = slots ``0 .. B-1``.
         ``logits_at`` ``[B, N]`` int64: step offsets whose logits are wanted (e.g. the last real
         token, ``num_new - 1``, in prefill; saves the LM head elsewhere); None = all ``T``.
+        ``prefill``: the new tokens are (a chunk of) prompts, which a compute-bound path may take:
+        on the kernels' one call per pass, attention by torch's flash attention (every tier) and,
+        on the amx tier, Q4_K projections on bf16 tiles (``csrc/amx/prefill.cpp``). Another
+        rounding than feeding the same tokens with ``prefill=False``; a decoding step or a
+        verification pass never takes it, and plain and speculative decoding feed a prompt alike
+        (the engine: pieces of :data:`PREFILL_MIN_TOKENS` or more, one prompt a pass). Off the
+        kernels' one call per pass it changes nothing.
         """
         if tokens.dim() != 2:
             raise InputError(f"tokens must be [B, T] int64, got shape {tuple(tokens.shape)}")
@@ -558,7 +575,7 @@ class Transformer(nn.Module):
             cos, sin = self.rope.cos_sin(positions, self.dtype, plan.valid)  # [B, T, 1, D] each
             h = F.embedding(tokens, self.model.embed_tokens.weight)  # [B, T, C]
             if self.cpu_kernels:
-                h = self._layers_on_kernels(h, cos, sin, cache, plan, visible)
+                h = self._layers_on_kernels(h, cos, sin, cache, plan, visible, prefill)
             else:
                 mask = _additive_mask(visible, groups, self.dtype)  # [B, 1, G*T, span]
                 for i, layer in enumerate(self.model.layers):

@@ -1,0 +1,104 @@
+"""The prefill path on verispec's CPU kernels (``forward(prefill=True)``: torch's flash attention on
+every tier, Q4_K projections on bf16 tiles on the amx tier): it computes what the decoding path
+computes up to rounding; the engine feeds a prompt's long pieces through it one prompt a pass and
+short ones as before, so plain and speculative decoding see the same prompt state, greedy
+speculative output still equals greedy plain output token for token, and a prompt's output does
+not depend on the prompts it was batched with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.integration.test_batch_invariance import VOCAB, model
+from tests.kernels import require_kernels
+from verispec.config import EngineConfig, SamplingParams
+from verispec.drafters.registry import make_drafter
+from verispec.engine import Engine
+from verispec.models.transformer import PREFILL_MIN_TOKENS
+
+LONG = [(7 * i * i + 3 * i + 1) % (VOCAB - 2) + 1 for i in range(PREFILL_MIN_TOKENS + 60)]
+SHORT = [1, 2, 3, 4, 5, 1, 2, 3]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels() -> object:
+    return require_kernels()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4-all"])
+def test_the_prefill_path_computes_what_decoding_computes(precision: str) -> None:
+    """Logits, keys and values of a long prompt fed with prefill=True equal those of prefill=False
+    up to rounding, and the same call gives the same bits twice."""
+    m = model(precision)
+    ids = torch.tensor([LONG])
+    runs = []
+    for prefill in (False, True, True):
+        cache = m.new_cache(1, 256)
+        logits = m(ids, None, cache, prefill=prefill)[0]  # [T, V]
+        runs.append((logits, cache.k[:, 0, :, : len(LONG)].float(), cache.v[:, 0, :, : len(LONG)].float()))
+    (decoded, k0, v0), (prefilled, k1, v1), again = runs
+    assert all(torch.equal(a, b) for a, b in zip(again, runs[1], strict=True))
+    assert not torch.equal(prefilled, decoded)  # (another path: other bits)
+    assert (prefilled - decoded).abs().max() <= 0.05 * decoded.abs().max()
+    assert (prefilled.argmax(-1) == decoded.argmax(-1)).float().mean() >= 0.9
+    for a, b in ((k1, k0), (v1, v0)):
+        assert (a - b).abs().max() <= 0.05 * b.abs().max()
+
+
+class Recording:
+    """A target that notes each pass's rows, widths and prefill flag."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.passes: list[tuple[int, int, bool]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def forward(self, tokens: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        self.passes.append((tokens.shape[0], tokens.shape[1], bool(kw.get("prefill", False))))
+        return self.inner.forward(tokens, *args, **kw)  # type: ignore[no-any-return]
+
+
+def test_the_engine_feeds_long_pieces_one_prompt_a_pass() -> None:
+    """Pieces of PREFILL_MIN_TOKENS or more go alone with prefill=True; the short ones together
+    without (a prompt's last piece may be short: 156 tokens in chunks of 128 leave 28)."""
+    target = Recording(model("int4-all"))
+    config = EngineConfig(max_batch=4, max_len=256, prefill_chunk=128)
+    engine = Engine(target, None, make_drafter("none", vocab_size=VOCAB), config)
+    engine.generate([LONG, SHORT, LONG[:100]], SamplingParams(temperature=0, max_tokens=2))
+    prompt_passes = target.passes[:4]
+    assert sorted(prompt_passes) == sorted([(1, 128, True), (1, 100, True), (1, 8, False), (1, 28, False)])
+    assert all(not prefill for _, _, prefill in target.passes[4:])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int4-all"])
+@pytest.mark.parametrize(("drafter", "k"), [("model", 4), ("ngram", 4), ("composite", None)])
+def test_greedy_speculation_equals_greedy_plain_after_long_prompts(precision: str, drafter: str, k: int | None) -> None:
+    """Both feed the prompts alike (the draft's catch-up over a long prompt takes its prefill path
+    too, which changes drafts, never the output)."""
+    target, draft = model(precision), model("int8", seed=1, noise=0.3)
+    params = SamplingParams(temperature=0, max_tokens=16)
+    prompts = [LONG, SHORT, LONG[20:]]
+
+    def run(name: str, k: int | None) -> list[list[int]]:
+        d = make_drafter(name, draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=256)
+        e = Engine(target, None, d, EngineConfig(max_batch=4, max_len=256, num_draft_tokens=k, prefill_chunk=128))
+        return [o.token_ids for o in e.generate(prompts, params)]
+
+    assert run(drafter, k) == run("none", 0)
+
+
+def test_a_long_prompt_gives_the_same_output_alone_and_in_a_batch() -> None:
+    target = model("int4-all")
+    params = SamplingParams(temperature=0, max_tokens=12)
+
+    def run(prompts: list[list[int]]) -> list[list[int]]:
+        e = Engine(target, None, make_drafter("none", vocab_size=VOCAB), EngineConfig(max_batch=4, max_len=256))
+        return [o.token_ids for o in e.generate(prompts, params)]
+
+    alone = run([LONG])[0]
+    assert run([SHORT, LONG, LONG[30:]])[1] == alone
