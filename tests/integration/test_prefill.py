@@ -1,9 +1,10 @@
-"""The prefill path on verispec's CPU kernels (``forward(prefill=True)``: torch's flash attention on
-every tier, Q4_K projections on bf16 tiles on the amx tier): it computes what the decoding path
-computes up to rounding; the engine feeds a prompt's long pieces through it one prompt a pass and
-short ones as before, so plain and speculative decoding see the same prompt state, greedy
-speculative output still equals greedy plain output token for token, and a prompt's output does
-not depend on the prompts it was batched with."""
+"""Long prompts. The prefill path on verispec's CPU kernels (``forward(prefill=True)``: torch's
+flash attention on every tier, Q4_K projections on bf16 tiles on the amx tier) computes what the
+decoding path computes up to rounding; the engine feeds a prompt's long pieces through it one
+prompt a pass and short ones as before, so plain and speculative decoding see the same prompt
+state, greedy speculative output still equals greedy plain output token for token, and a
+prompt's output does not depend on the prompts it was batched with. The draft model reads a long
+prompt from its context window, as if the prompt began there."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.kernels import require_kernels
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.registry import make_drafter
 from verispec.engine import Engine
+from verispec.errors import ConfigError
 from verispec.models.transformer import PREFILL_MIN_TOKENS
 
 LONG = [(7 * i * i + 3 * i + 1) % (VOCAB - 2) + 1 for i in range(PREFILL_MIN_TOKENS + 60)]
@@ -102,3 +104,48 @@ def test_a_long_prompt_gives_the_same_output_alone_and_in_a_batch() -> None:
 
     alone = run([LONG])[0]
     assert run([SHORT, LONG, LONG[30:]])[1] == alone
+
+
+def test_the_draft_reads_a_long_prompt_from_its_window() -> None:
+    """A prompt longer than the draft's context window is drafted from as if it began at the
+    window: the same drafts, step after step, as a draft given only the window for its prompt."""
+    from verispec.drafters.base import BatchView
+    from verispec.drafters.model import ModelDrafter
+
+    draft = model("int8", seed=1, noise=0.3)
+    params = [SamplingParams(temperature=0)]
+    windowed = ModelDrafter(draft, vocab_size=VOCAB, max_batch=2, max_len=128, context_window=16)
+    whole = ModelDrafter(draft, vocab_size=VOCAB, max_batch=2, max_len=128, context_window=None)
+    context_a, context_b = list(LONG[:60]), list(LONG[44:60])
+    windowed.begin("a", context_a)
+    whole.begin("b", context_b)
+    for accepted in (2, 0, 4):
+        drafts = [
+            d.propose(BatchView([rid], params, [None]), [4]).token_ids[0].tolist()
+            for d, rid in ((windowed, "a"), (whole, "b"))
+        ]
+        assert drafts[0] == drafts[1]
+        committed = [*drafts[0][:accepted], (drafts[0][accepted] + 1) % VOCAB if accepted < 4 else 7]
+        for d, rid, context in ((windowed, "a", context_a), (whole, "b", context_b)):
+            context.extend(committed)
+            d.observe(rid, committed)
+    assert windowed.cache.lengths[windowed._get("a").slot] == whole.cache.lengths[whole._get("b").slot]
+    with pytest.raises(ConfigError, match="at least 1 token"):
+        ModelDrafter(draft, vocab_size=VOCAB, context_window=0)
+
+
+@pytest.mark.parametrize("drafter", ["model", "tree"])
+def test_greedy_speculation_equals_greedy_plain_with_a_windowed_draft(drafter: str) -> None:
+    from verispec.drafters.model import ModelDrafter
+    from verispec.drafters.tree import TreeDrafter
+
+    target, draft = model("int4-all"), model("int8", seed=1, noise=0.3)
+    params = SamplingParams(temperature=0, max_tokens=16)
+    prompts = [LONG[:70], SHORT, LONG[10:90]]
+    kinds = {"model": ModelDrafter, "tree": TreeDrafter}
+    d = kinds[drafter](draft, vocab_size=VOCAB, max_batch=4, max_len=256, context_window=24)
+    spec = Engine(target, None, d, EngineConfig(max_batch=4, max_len=256, num_draft_tokens=4))
+    plain = Engine(target, None, make_drafter("none", vocab_size=VOCAB), EngineConfig(max_batch=4, max_len=256))
+    assert [o.token_ids for o in spec.generate(prompts, params)] == [
+        o.token_ids for o in plain.generate(prompts, params)
+    ]

@@ -265,7 +265,7 @@ class TreeDrafter(ModelDrafter):
                 break
             frontier_logits = self._tree_logits(rows, states, trees, frontier, cached)
         for state in states:  # the tree leaves the draft cache; the committed tokens stay
-            self.cache.truncate([state.fed], [state.slot])
+            self.cache.truncate([state.fed - state.skipped], [state.slot])
 
     def _laws(
         self,
@@ -352,7 +352,8 @@ class TreeDrafter(ModelDrafter):
                 while ancestor >= 0:  # (every ancestor of a node that grows grew, so it is cached)
                     window[r, t, column[ancestor]] = True
                     ancestor = nodes[ancestor].parent
-                positions[r, t] = states[j].fed + nodes[node].depth - 1  # a node at depth d follows d - 1 ancestors
+                # (a node at depth d follows d - 1 ancestors; the cache holds context[skipped:fed])
+                positions[r, t] = states[j].fed - states[j].skipped + nodes[node].depth - 1
             pieces.append([nodes[node].token for node in frontier[j]])
             own.extend(frontier[j])
         at = torch.arange(width, dtype=torch.long).expand(len(active), -1)
