@@ -7,7 +7,8 @@ more on the prefill path) and once on the decoding path (every piece as a verifi
 computes it: this release's prefill before the prefill path), alternating, ``--reps`` times each;
 the median tokens/s of each, and their ratio. With llama.cpp built (``../shared/tools/build-llamacpp.sh``),
 ``llama-bench -p LENGTH -n 0`` on the same GGUF and threads (its prompt processing, one pass of
-LENGTH tokens, median of 3), and verispec's prefill path over it.
+LENGTH tokens, median of 3; with ``--repack 0`` where its default dies, and marked so), and
+verispec's prefill path over it.
 
     python benchmarks/prefill_speed.py [--lengths 128,512,2048] [--roles target,draft]
         [--precision int4] [--chunk 512] [--threads 2] [--reps 3] [--no-llama] [--json out.json]
@@ -45,14 +46,18 @@ def feed(model: Any, prompt: torch.Tensor, chunk: int, prefill_path: bool) -> fl
     return time.perf_counter() - start
 
 
-def llama_bench(gguf: Path, length: int, threads: int, binary: Path) -> float | None:
-    """llama.cpp's prompt processing, tokens/s (``llama-bench -p LENGTH -n 0``), or None."""
-    cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", str(length), "-n", "0", "-r", "3", "-o", "json"]
-    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800)
-    if run.returncode != 0:
-        return None
-    rows = json.loads(run.stdout)
-    return float(rows[0]["avg_ts"]) if rows else None
+def llama_bench(gguf: Path, length: int, threads: int, binary: Path) -> tuple[float | None, bool]:
+    """llama.cpp's prompt processing, tokens/s (``llama-bench -p LENGTH -n 0``, median of 3) or None,
+    and whether it ran with its default weight repacking: where that path dies (its AMX path on a
+    machine whose worker threads lack the AMX permission), it runs again with ``--repack 0``."""
+    for repack in (True, False):
+        cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", str(length), "-n", "0", "-r", "3", "-o", "json"]
+        run = subprocess.run([*cmd, *([] if repack else ["--repack", "0"])], check=False, capture_output=True,
+                             text=True, timeout=1800)  # fmt: skip
+        if run.returncode == 0:
+            rows = json.loads(run.stdout)
+            return (float(rows[0]["avg_ts"]) if rows else None), repack
+    return None, False
 
 
 def main() -> None:
@@ -88,20 +93,23 @@ def main() -> None:
                 for path in (True, False):
                     times[path].append(feed(model, prompt, args.chunk, path))
             prefill, decoding = (length / statistics.median(times[p]) for p in (True, False))
-            peer = None
+            peer, repack = None, True
             if args.llama and bench.exists():
-                peer = llama_bench(model_dir(name) / GGUF_FILE, length, args.threads, bench)
+                peer, repack = llama_bench(model_dir(name) / GGUF_FILE, length, args.threads, bench)
             rows.append({"role": role, "model": name, "length": length, "prefill_tps": prefill,
-                         "decoding_path_tps": decoding, "llama_cpp_pp_tps": peer,
+                         "decoding_path_tps": decoding, "llama_cpp_pp_tps": peer, "llama_cpp_repack": repack,
                          "times": {"prefill": times[True], "decoding_path": times[False]}})  # fmt: skip
-            print(f"{role} {length}: prefill path {prefill:.0f} tokens/s, decoding path {decoding:.0f}"
-                  + (f", llama.cpp pp {peer:.0f}" if peer else ""), flush=True)  # fmt: skip
+            said = f", llama.cpp pp {peer:.0f}{'' if repack else ' (--repack 0: its default died)'}" if peer else ""
+            print(
+                f"{role} {length}: prefill path {prefill:.0f} tokens/s, decoding path {decoding:.0f}{said}", flush=True
+            )
     print(f"\n{machine}, {args.precision}, chunks of {args.chunk}, {args.threads} threads\n")
     print("| model | prompt tokens | prefill path (tokens/s) | decoding path | ratio | llama.cpp pp | over llama.cpp |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         peer = r["llama_cpp_pp_tps"]
-        versus = f"{peer:.0f} | {r['prefill_tps'] / peer:.2f}" if peer else "- | -"
+        mark = "" if r["llama_cpp_repack"] else " (--repack 0)"
+        versus = f"{peer:.0f}{mark} | {r['prefill_tps'] / peer:.2f}" if peer else "- | -"
         print(f"| {r['role']} | {r['length']} | {r['prefill_tps']:.0f} | {r['decoding_path_tps']:.0f} | "
               f"{r['prefill_tps'] / r['decoding_path_tps']:.2f} | {versus} |")  # fmt: skip
     if args.json is not None:
