@@ -3,9 +3,11 @@ compute-bound verification or an expensive drafter -> K = 0 (with occasional pro
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from verispec.analysis import TreePlan
 from verispec.certify.tiny import tiny_pair
@@ -69,6 +71,46 @@ def test_the_price_of_a_pass_is_calibrated_or_measured_at_that_width() -> None:
     assert measured.pass_seconds(1, 1) is None
     measured.observe(batch, [2], [2], draft_seconds=0.02, verify_seconds=0.05)  # a pass over 3 tokens
     assert measured.pass_seconds(1, 1) is None and measured.pass_seconds(1, 3) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("key_seconds", [1e-6, 0.0])
+def test_a_long_context_is_priced_as_attention_not_as_a_slow_machine(key_seconds: float) -> None:
+    """Real steps over 9 tokens at 2000 cached tokens cost the calibration (64 cached) plus
+    attention over the 1936 extra keys; the policy that knows what a key costs prices a one-token
+    step there at its own 1 x 1936 keys, and at the calibration's context at the calibration's
+    price. Without that term (the control) the long steps read as a machine 33% slower, and a
+    one-token step is priced that much dearer at every context."""
+    table = CostTable({(1, 1): 0.040, (1, 9): 0.052}, context=64, key="test", key_seconds=key_seconds)
+    policy = MeasuredPolicy(8, costs=table)
+    batch = [Request("r0", list(range(2000)), SamplingParams(), None, None, (), 100)]
+    real = 0.052 + 1e-6 * 9 * (2000 - 64)
+    for _ in range(30):
+        policy.observe(batch, [8], [8], draft_seconds=0.08, verify_seconds=real)
+    long_step, short_step = policy.pass_seconds(1, 1, 2000), policy.pass_seconds(1, 1, 64)
+    assert long_step is not None and short_step is not None
+    assert policy.pass_seconds(1, 9, 2000) == pytest.approx(real, rel=1e-3)
+    if key_seconds:
+        assert long_step == pytest.approx(0.040 + 1e-6 * 1936, rel=1e-3)
+        assert short_step == pytest.approx(0.040, rel=1e-3)
+    else:
+        assert short_step == long_step == pytest.approx(0.040 * real / 0.052, rel=1e-3)
+
+
+def test_the_calibration_measures_what_a_cached_key_costs_on_the_kernels(tmp_path: Path) -> None:
+    """A model on the kernels gets its attention cost per (row, key) from the calibration (a
+    figure, not a judgement of its size: timings are no test), kept in the cached table; a model
+    off the kernels gets none."""
+    from tests.integration.test_batch_invariance import config
+    from tests.kernels import require_kernels
+    from verispec.models.transformer import Transformer, random_state_dict
+
+    require_kernels()
+    model = Transformer(config(), random_state_dict(config(), seed=0), dtype=torch.bfloat16, cpu_kernels=True)
+    table = load_or_calibrate(model, "tiny-kernels", tmp_path, widths=(1, 3), context=16)
+    assert table.key_seconds >= 0.0 and math.isfinite(table.key_seconds)
+    assert load_or_calibrate(model, "tiny-kernels", tmp_path, widths=(1, 3), context=16) == table
+    assert CostTable.from_dict(table.as_dict()) == table
+    assert calib.attention_key_seconds(tiny_pair()[0], 3, 16) == 0.0
 
 
 def test_compute_bound_verification_turns_speculation_off() -> None:

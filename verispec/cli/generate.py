@@ -114,12 +114,13 @@ def report(final: Any, records: list[Any], pipe: Any) -> dict[str, Any]:
     predicted = speedup(alpha, round(mean_k), c) if c is not None and alpha is not None and round(mean_k) > 0 else None
     # Against plain decoding: the decode steps' measured tokens per second (each step commits its
     # accepted drafts and one token of the target's) times what a one-token step costs (the
-    # policy's price of one; else this run's plain steps). S above counts a verification as one
-    # plain step; a pass over K + 1 tokens costs more.
+    # policy's price of one at the decode's mean context; else this run's plain steps). S above
+    # counts a verification as one plain step; a pass over K + 1 tokens costs more.
     decode_s = sum(r.draft_seconds + r.verify_seconds for r in records)
     decode_tps = sum(sum(r.accepted) + r.batch for r in records) / decode_s if decode_s > 0 else None
     policy = pipe.engine.policy
-    one_pass = policy.pass_seconds(1, 1) if isinstance(policy, MeasuredPolicy) else None
+    context = final.prompt_tokens + len(final.token_ids) / 2
+    one_pass = policy.pass_seconds(1, 1, context) if isinstance(policy, MeasuredPolicy) else None
     priced_by = "the policy's price" if one_pass is not None else "this run's plain steps"
     if one_pass is None and plain_steps:
         one_pass = statistics.median(r.verify_seconds for r in plain_steps)

@@ -31,17 +31,19 @@ from verispec.names import QUANTIZED
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # 2: the fastest of the timed passes (1: their median)
+FORMAT = 3  # 3: key_seconds; 2: the fastest of the timed passes (1: their median)
 
 
 @dataclass(frozen=True)
 class CostTable:
     """Seconds of one target pass by (batch size, tokens per row), measured at ``context`` cached
-    tokens per row."""
+    tokens per row, and ``key_seconds``: what each (query row, cached key) pair adds to a pass past
+    that context (attention over every layer; 0 where it was not measured)."""
 
     seconds: dict[tuple[int, int], float]
     context: int
     key: str
+    key_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -49,13 +51,15 @@ class CostTable:
             "key": self.key,
             "context": self.context,
             "seconds": [[b, w, s] for (b, w), s in sorted(self.seconds.items())],
+            "key_seconds": self.key_seconds,
         }
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> CostTable:
         return CostTable(
-            {(int(b), int(w)): float(s) for b, w, s in data["seconds"]}, int(data["context"]), str(data["key"])
-        )
+            {(int(b), int(w)): float(s) for b, w, s in data["seconds"]}, int(data["context"]), str(data["key"]),
+            float(data.get("key_seconds", 0.0)),
+        )  # fmt: skip
 
     def relative(self, batch: int) -> dict[int, float]:
         """Cost of each width relative to width 1, for ``batch`` rows (nearest measured batch)."""
@@ -137,7 +141,36 @@ def calibrate(
                 if progress is not None:
                     progress("calibrate", done, total)
     seconds = {cell: min(samples) for cell, samples in times.items()}
-    return CostTable(seconds, context, key)
+    return CostTable(seconds, context, key, attention_key_seconds(model, max(widths), context))
+
+
+def attention_key_seconds(model: LanguageModel, width: int, context: int, extra: int = 1024,
+                          repeats: int = 5) -> float:  # fmt: skip
+    """Seconds each (query row, cached key) pair adds to a pass, all layers: the kernels' attention
+    (one query row at a time, as decoding steps run it) over ``width`` rows, timed with ``context``
+    and ``context + extra`` keys (the fastest of ``repeats`` each), the difference per row and key,
+    times the layers. Attention is the part of a pass that grows with the context, which the
+    calibration's short context leaves out (an 8-token int4 pass of the 1.5B: 1.33x one at 160
+    cached tokens, 1.62x at 2048). 0 for a model off the kernels (not measured: the costs keep the
+    calibration's context). Milliseconds: no model pass."""
+    if not model.cpu_kernels:
+        return 0.0
+    from verispec.kernels import load
+
+    ops, cfg = load(), model.config
+    gen = torch.Generator().manual_seed(0)
+    best: list[float] = []
+    for span in (context + width, context + extra + width):
+        q = torch.randn(1, width, cfg.num_heads, cfg.head_dim, generator=gen).to(torch.bfloat16)
+        k, v = (torch.randn(1, cfg.num_kv_heads, span, cfg.head_dim, generator=gen).to(torch.bfloat16) for _ in "kv")
+        visible = torch.ones(1, width, span, dtype=torch.bool)
+        samples = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            ops.attention_rows(q, k, v, visible, cfg.head_dim**-0.5)
+            samples.append(time.perf_counter() - start)
+        best.append(min(samples[1:]))
+    return max(best[1] - best[0], 0.0) / (width * extra) * cfg.num_layers
 
 
 def load_or_calibrate(model: LanguageModel, name: str, home: Path, **kwargs: Any) -> CostTable:

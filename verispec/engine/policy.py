@@ -177,6 +177,12 @@ class MeasuredPolicy:
         for (b, w), seconds in sorted(costs.seconds.items()) if costs is not None else ():
             self.calibrated.setdefault(b, []).append((w, seconds))
         self.speed = _Ema()
+        # what each (query row, cached key) pair adds to a pass past the calibration's context
+        # (attention's share, which grows with the context: CostTable.key_seconds), and the mean
+        # tokens per row of the batch last planned or observed
+        self.key_seconds = costs.key_seconds if costs is not None else 0.0
+        self.calibration_context = costs.context if costs is not None else 0
+        self.context = 0.0
         self.probe_every = probe_every
         self._idle_steps = 0  # consecutive steps without speculation
         #: the share of the planned pass's cost free drafts may add to it, over the batch (:meth:`ceilings`)
@@ -227,15 +233,31 @@ class MeasuredPolicy:
             for p, r, f in zip(passed, reached, profile, strict=True)
         ]
 
-    def pass_seconds(self, batch: int, width: int) -> float | None:
+    def pass_seconds(self, batch: int, width: int, context: float | None = None) -> float | None:
         """Estimated seconds of a decode step's target work (the pass, the laws and the rule) over
-        ``width`` tokens per row at ``batch`` rows: the calibrated curve at today's speed, as
-        :meth:`draft_lengths` prices it; without a calibration, the real steps' time at exactly
-        that shape, or None (the neighbouring widths :meth:`draft_lengths` falls back on are no
-        measure of this one)."""
+        ``width`` tokens per row at ``batch`` rows with ``context`` tokens cached per row (None:
+        the last batch's): the calibrated curve at today's speed plus attention over the context
+        past the calibration's, as :meth:`draft_lengths` prices it; without a calibration, the
+        real steps' time at exactly that shape, or None (the neighbouring widths
+        :meth:`draft_lengths` falls back on are no measure of this one)."""
         if self.calibrated:
-            return self._verify_cost(batch, width)
+            now = self.context
+            self.context = now if context is None else context
+            try:
+                return self._verify_cost(batch, width)
+            finally:
+                self.context = now
         return self.verify_time[(batch, width)].value if (batch, width) in self.verify_time else None
+
+    def _note_context(self, batch: Sequence[Request]) -> None:
+        """The batch's mean tokens per row, which the pass costs of this step depend on."""
+        if batch:
+            self.context = sum(len(r.tokens) for r in batch) / len(batch)
+
+    def _beyond_calibration(self, batch: int, width: int) -> float:
+        """Seconds a pass over ``width`` tokens per row adds at today's context over the
+        calibration's: every query row attends to the extra cached keys."""
+        return self.key_seconds * batch * width * max(0.0, self.context - self.calibration_context)
 
     def _verify_cost(self, batch: int, width: int) -> float:
         """Seconds of a target pass over ``width`` tokens per row (see :meth:`_verify_estimate`)."""
@@ -249,7 +271,7 @@ class MeasuredPolicy:
         calibration, the real steps' times."""
         calibrated = self._calibrated_estimate(batch, width)
         if calibrated is not None:
-            return calibrated * (self.speed.value or 1.0)
+            return calibrated * (self.speed.value or 1.0) + self._beyond_calibration(batch, width)
         known = [(w, e.value) for (b, w), e in self.verify_time.items() if b == batch and e.value is not None]
         if not known:
             known = [(w, e.value / b * batch) for (b, w), e in self.verify_time.items() if e.value is not None]
@@ -301,14 +323,20 @@ class MeasuredPolicy:
     def tree_shapes(self, batch: Sequence[Request], lengths: Sequence[int]) -> list[tuple[int, ...] | None] | None:
         return None  # chains (a tree drafter keeps its own shape, its depth capped by the length)
 
-    def _observe_verify(self, batch: int, width: int, seconds: float) -> None:
-        """A real step's target pass: its width's time, and the machine's speed against the calibration."""
+    def _observe_verify(self, requests: Sequence[Request], width: int, seconds: float) -> None:
+        """A real step's target pass: its width's time, and the machine's speed against the
+        calibration (what the pass took less what its context adds past the calibration's: a
+        long context must not read as a slow machine, which priced one-token steps high)."""
+        self._note_context(requests)
+        batch = len(requests)
         self.verify_time[(batch, width)].update(seconds)
         calibrated = self._calibrated_estimate(batch, width)
         if calibrated:
-            self.speed.update(seconds / calibrated)
+            own = max(seconds - self._beyond_calibration(batch, width), 0.1 * seconds)
+            self.speed.update(own / calibrated)
 
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
+        self._note_context(batch)
         n = len(batch)
         draft = self._draft_cost(n)
         accept = [self.acceptance(r.request_id) for r in batch]
@@ -372,7 +400,7 @@ class MeasuredPolicy:
         free_rows: Sequence[bool] | None = None,
     ) -> None:
         k = max(drafted, default=0)
-        self._observe_verify(len(batch), k + 1, verify_seconds)
+        self._observe_verify(batch, k + 1, verify_seconds)
         passes = k if draft_passes is None else draft_passes
         if passes > 0 and draft_seconds is not None:
             self.draft_pass[len(batch)].update(draft_seconds / passes)
@@ -449,6 +477,7 @@ class TreePolicy(MeasuredPolicy):
         return plans
 
     def draft_lengths(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[int]:
+        self._note_context(batch)
         n = len(batch)
         draft = self._draft_cost(n)
         plain = 1.0 / self._verify_cost(n, 1)
@@ -493,7 +522,7 @@ class TreePolicy(MeasuredPolicy):
         free_rows: Sequence[bool] | None = None,
     ) -> None:
         steps = list(trees) if trees is not None else [None] * len(batch)
-        self._observe_verify(len(batch), max(drafted, default=0) + 1, verify_seconds)
+        self._observe_verify(batch, max(drafted, default=0) + 1, verify_seconds)
         levels = max((max(map(len, tree_paths(t[0])), default=0) for t in steps if t is not None), default=0)
         if levels and draft_seconds is not None:
             self.draft_pass[len(batch)].update(draft_seconds / levels)
