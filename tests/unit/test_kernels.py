@@ -279,14 +279,14 @@ def test_q4k_prefill_is_bf16_tiles_on_the_weights_rounded_to_bf16(n: int, k: int
     gen = torch.Generator().manual_seed(n)
     bias = torch.randn(n, generator=gen)
     lin = Q4KLinear(kernels.q4k_pack(torch.from_numpy(blocks), n, k), n, k, bias)
-    x = torch.randn(40, cols, generator=gen).to(torch.bfloat16)
+    x = torch.randn(72, cols, generator=gen).to(torch.bfloat16)
     if not kernels.prefill_available():
         with pytest.raises(RuntimeError, match="needs the amx tier"):
             kernels.q4k_prefill_linear(x, lin.q4k, n, k, bias)
         return
     w16 = exact_weights(blocks, n, kb)[:, :k].to(torch.bfloat16)
     padded = torch.nn.functional.pad(x, (0, k - cols))
-    for m in ROWS:
+    for m in (*ROWS, 72):  # (from 32 rows two chunks of 16 go with two row blocks at a time: amx/bf16.cpp)
         y = kernels.q4k_prefill_linear(x[:m], lin.q4k, n, k, bias)
         assert y.dtype == torch.bfloat16 and y.shape == (m, n)
         assert torch.equal(y, reference_bf16_linear(padded[:m], w16, bias, order="amx").to(torch.bfloat16)), m

@@ -98,12 +98,12 @@ void amx_group(const Bf16Args& a, const uint8_t* w, int64_t nb, int64_t row0, in
   for (int g = 0; g < G; ++g) store_block(a, nb + g, row0, rows, c[g]);
 }
 
-// G row blocks of weights at w (output row blocks from nb) for every row, 16 rows at a time (then
-// the rest): the group's weights are read from memory once and from L2 for the later row chunks.
-// `configured` is the row count the tiles are configured with (0: none yet).
+// G row blocks of weights at w (output row blocks from nb) for the rows from `first`, 16 at a time
+// (then the rest): the group's weights are read from memory once and from L2 for the later row
+// chunks. `configured` is the row count the tiles are configured with (0: none yet).
 template <int G>
-void amx_rows(const Bf16Args& a, const uint8_t* w, int64_t nb, int& configured) {
-  for (int64_t row0 = 0; row0 < a.M; row0 += kRows) {
+void amx_rows(const Bf16Args& a, const uint8_t* w, int64_t nb, int& configured, int64_t first) {
+  for (int64_t row0 = first; row0 < a.M; row0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(a.M - row0, kRows));
     if (rows != configured) {
       configure_bf16_tiles(rows);
@@ -113,15 +113,76 @@ void amx_rows(const Bf16Args& a, const uint8_t* w, int64_t nb, int& configured) 
   }
 }
 
+// Many rows (a prompt's): two chunks of 16 rows against two row blocks at a time, on the tiles as
+// configure_bf16_tiles(16) shapes them (all 16 rows x 64 bytes). tmm0, tmm1: C of chunk 0 with
+// blocks 0, 1; tmm2, tmm3: C of chunk 1; tmm4, tmm5: A of the chunks; tmm6, tmm7: B of the blocks.
+// Each step loads four tiles for four multiplies where amx_group's one A and four B tiles take
+// five; every output still adds its steps in order, so the bits are amx_group's.
+// Row blocks nb, nb + 1 (weights at w, one after the other) against rows row0 .. row0 + 31.
+void amx_quad(const Bf16Args& a, const uint8_t* w, int64_t nb, int64_t row0) {
+  const int64_t steps = a.K / kStepInputs;
+  const int64_t block_bytes = a.K * kRows * 2;
+  const uint16_t* x0 = a.x + row0 * a.K;
+  const uint16_t* x1 = x0 + kRows * a.K;
+  const int64_t x_stride = a.K * 2;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s + kPrefetchSteps < steps) {
+      for (int g = 0; g < 2; ++g) {
+        const char* ahead = reinterpret_cast<const char*>(w + g * block_bytes + (s + kPrefetchSteps) * kStepBytes);
+        for (int line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      }
+    }
+    const uint8_t* ws = w + s * kStepBytes;
+    VS_TILE_LOADD(4, x0 + s * kStepInputs, x_stride);
+    VS_TILE_LOADD(6, ws, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    VS_TILE_LOADD(7, ws + block_bytes, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    VS_TILE_LOADD(5, x1 + s * kStepInputs, x_stride);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float c[4][kRows * 16];
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
+  store_block(a, nb, row0, kRows, c[0]);
+  store_block(a, nb + 1, row0, kRows, c[1]);
+  store_block(a, nb, row0 + kRows, kRows, c[2]);
+  store_block(a, nb + 1, row0 + kRows, kRows, c[3]);
+}
+
 }  // namespace
 
 void bf16_blocks_amx(const Bf16Args& a, const uint16_t* w, int64_t nb, int blocks, int& configured) {
   const auto* bytes = reinterpret_cast<const uint8_t*>(w);
+  const int64_t quads = a.M / (2 * kRows), block_bytes = a.K * kRows * 2;
+  if (quads > 0 && blocks >= 2) {  // pairs of blocks over pairs of row chunks, then the rest
+    if (configured != kRows) {
+      configure_bf16_tiles(kRows);
+      configured = kRows;
+    }
+    const int even = blocks & ~1;
+    for (int j = 0; j < even; j += 2)
+      for (int64_t q = 0; q < quads; ++q) amx_quad(a, bytes + j * block_bytes, nb + j, 2 * kRows * q);
+    const int64_t rest = 2 * kRows * quads;  // the rows past the pairs, then an odd block's every row
+    if (even == 4)
+      amx_rows<4>(a, bytes, nb, configured, rest);
+    else
+      amx_rows<2>(a, bytes, nb, configured, rest);
+    if (blocks & 1) amx_rows<1>(a, bytes + even * block_bytes, nb + even, configured, 0);
+    return;
+  }
   switch (blocks) {
-    case 4: amx_rows<4>(a, bytes, nb, configured); break;
-    case 3: amx_rows<3>(a, bytes, nb, configured); break;
-    case 2: amx_rows<2>(a, bytes, nb, configured); break;
-    case 1: amx_rows<1>(a, bytes, nb, configured); break;
+    case 4: amx_rows<4>(a, bytes, nb, configured, 0); break;
+    case 3: amx_rows<3>(a, bytes, nb, configured, 0); break;
+    case 2: amx_rows<2>(a, bytes, nb, configured, 0); break;
+    case 1: amx_rows<1>(a, bytes, nb, configured, 0); break;
     default: break;
   }
 }
