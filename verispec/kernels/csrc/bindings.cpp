@@ -554,8 +554,12 @@ at::Tensor attention_of_rows(const at::Tensor& q, const uint16_t* kl, const uint
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& rows,
                              int64_t b, int64_t t, int64_t span, const at::Tensor& mask) {
   const int64_t hq = q.size(1), d = q.size(2), hkv = kc.size(1), g = hq / hkv;
-  const at::Tensor keys = kc.index_select(0, rows).narrow(2, 0, span);  // [B, H_kv, span, D]
-  const at::Tensor values = vc.index_select(0, rows).narrow(2, 0, span);
+  // [B, H_kv, span, D]: views of the caches for one row, else copies of the rows' first span positions
+  const auto rows_of = [&](const at::Tensor& cache) {
+    const at::Tensor first = cache.narrow(2, 0, span);
+    return b == 1 ? first.select(0, rows[0].item<int64_t>()).unsqueeze(0) : first.index_select(0, rows);
+  };
+  const at::Tensor keys = rows_of(kc), values = rows_of(vc);
   const at::Tensor stacked = q.view({b, t, hkv, g, d}).permute({0, 2, 3, 1, 4}).reshape({b, hkv, g * t, d});
   const at::Tensor o = at::scaled_dot_product_attention(stacked, keys, values, mask, 0.0, false,
                                                         1.0 / std::sqrt(static_cast<double>(d)));  // [B, H_kv, G T, D]
@@ -581,7 +585,7 @@ struct Layers {
   // int64 (where this step's keys and values go), visible [B, T, span] -> the final norm of h
   // [M, C]. The same operations, in the same order, as Transformer's layer loop in Python:
   // one call per forward pass instead of ~12 per layer. `prefill`: a prompt's chunk, whose
-  // projections take Projection::prefill.
+  // projections take Projection::prefill and whose attention is prefill_attention.
   at::Tensor forward(at::Tensor& h, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& kc,
                      at::Tensor& vc, const at::Tensor& rows, const at::Tensor& write_pos, int64_t span,
                      const at::Tensor& visible, bool prefill) const {

@@ -117,8 +117,8 @@ void amx_rows(const Bf16Args& a, const uint8_t* w, int64_t nb, int& configured, 
 // configure_bf16_tiles(16) shapes them (all 16 rows x 64 bytes). tmm0, tmm1: C of chunk 0 with
 // blocks 0, 1; tmm2, tmm3: C of chunk 1; tmm4, tmm5: A of the chunks; tmm6, tmm7: B of the blocks.
 // Each step loads four tiles for four multiplies where amx_group's one A and four B tiles take
-// five; every output still adds its steps in order, so the bits are amx_group's.
-// Row blocks nb, nb + 1 (weights at w, one after the other) against rows row0 .. row0 + 31.
+// five; every output still adds its steps in order, so the bits are amx_group's. Row blocks nb,
+// nb + 1 (weights at w, one after the other) against rows row0 .. row0 + 31.
 void amx_quad(const Bf16Args& a, const uint8_t* w, int64_t nb, int64_t row0) {
   const int64_t steps = a.K / kStepInputs;
   const int64_t block_bytes = a.K * kRows * 2;

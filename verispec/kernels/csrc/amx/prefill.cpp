@@ -8,10 +8,10 @@
 // weights of a group of row blocks are dequantised once per call, to bf16 in bf16.cpp's pair
 // layout (a thread's scratch, in L2), and multiplied by the bf16 activations with TDPBF16PS,
 // whose tiles add over the whole input (bf16.cpp's kernel, with no step per block). A [17920 x
-// 1536] call (a 1.5B layer's gate and up), Intel Xeon with AMX, 2 threads: 512 rows 21 ms against
-// q4k.cpp's 33, 128 rows 5.7 against 7.1, 64 rows 3.4 against 3.7, 16 rows 2.2 against 1.4 (the
-// dequantisation, ~1.9 ms, is paid whatever the rows). int8 projections stay on w8a8.cpp's tiles,
-// which this path did not beat (512 rows: 22 against 20 ms).
+// 1536] call (a 1.5B layer's gate and up), Intel Xeon with AMX, 2 threads: 512 rows 16.5 ms
+// against q4k.cpp's 36.8, 128 rows 4.9 against 9.2; 16 rows 2.2 against 1.4 (the dequantisation,
+// ~1.9 ms, is paid whatever the rows). int8 projections stay on w8a8.cpp's tiles, which this path
+// did not beat before bf16.cpp took two row chunks at a time (512 rows: 22 against 20 ms).
 //
 //   y[m][n] = bf16.cpp's sums of x[m] (bf16, as given) and w16[n], + bias, where
 //   w16 = round_to_nearest_even_bf16(ds_j * q - dm_j), the exact fp32 weight of q4k.cpp (the
