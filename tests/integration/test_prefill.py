@@ -1,5 +1,5 @@
 """Long prompts. The prefill path on verispec's CPU kernels (``forward(prefill=True)``: torch's
-flash attention on every tier, Q4_K projections on bf16 tiles on the amx tier) computes what the
+flash attention on every tier, int8 and Q4_K projections on bf16 tiles on the amx tier) computes what the
 decoding path computes up to rounding; the engine feeds a prompt's long pieces through it one
 prompt a pass and short ones as before, so plain and speculative decoding see the same prompt
 state, greedy speculative output still equals greedy plain output token for token, and a

@@ -281,7 +281,7 @@ def test_q4k_prefill_is_bf16_tiles_on_the_weights_rounded_to_bf16(n: int, k: int
     lin = Q4KLinear(kernels.q4k_pack(torch.from_numpy(blocks), n, k), n, k, bias)
     x = torch.randn(72, cols, generator=gen).to(torch.bfloat16)
     if not kernels.prefill_available():
-        with pytest.raises(RuntimeError, match="needs the amx tier"):
+        with pytest.raises(RuntimeError, match="need the amx tier"):
             kernels.q4k_prefill_linear(x, lin.q4k, n, k, bias)
         return
     w16 = exact_weights(blocks, n, kb)[:, :k].to(torch.bfloat16)
@@ -296,6 +296,37 @@ def test_q4k_prefill_is_bf16_tiles_on_the_weights_rounded_to_bf16(n: int, k: int
         kernels.q4k_prefill_linear(x.float(), lin.q4k, n, k, bias)
     with pytest.raises(RuntimeError, match="packed Q4_K"):
         kernels.q4k_prefill_linear(x, lin.q4k[:-1], n, k, bias)
+
+
+@pytest.mark.parametrize(("n", "k"), [(40, 96), (33, 256)])
+def test_int8_prefill_is_bf16_tiles_on_the_weights_rounded_to_bf16(n: int, k: int) -> None:
+    """A prompt's int8 projection on the amx tier: the weights scale * codes (fp32, one rounding)
+    rounded to bf16, times the bf16 activations in TDPBF16PS's order, bit for bit, extreme codes
+    included; rows independent of each other. Every other tier refuses the call."""
+    from verispec.kernels import Int8Linear
+    from verispec.kernels.linear import reference_bf16_linear
+
+    kernels = require_kernels()
+    gen = torch.Generator().manual_seed(k)
+    codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+    codes[0, :3] = torch.tensor([-128, 127, 0], dtype=torch.int8)
+    lin = Int8Linear.from_codes(codes, torch.rand(n, generator=gen) * 0.01, torch.randn(n, generator=gen))
+    x = torch.randn(72, k, generator=gen).to(torch.bfloat16)
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        return kernels.int8_prefill_linear(rows, lin.int8, lin.int8_scale, n, k, lin.bias)  # type: ignore[no-any-return]
+
+    if not kernels.prefill_available():
+        with pytest.raises(RuntimeError, match="need the amx tier"):
+            run(x)
+        return
+    w16 = (codes.float() * lin.int8_scale[:n, None]).to(torch.bfloat16)
+    for m in (*ROWS, 72):
+        y = run(x[:m])
+        assert torch.equal(y, reference_bf16_linear(x[:m], w16, lin.bias, order="amx").to(torch.bfloat16)), m
+        assert torch.equal(y, torch.cat([run(x[i : i + 1]) for i in range(m)])), m
+    with pytest.raises(RuntimeError, match="packed int8"):
+        kernels.int8_prefill_linear(x, lin.int8[:-1], lin.int8_scale, n, k, None)
 
 
 @pytest.mark.parametrize(("n", "k"), [(40, 96), (16, 256), (3, 32)])

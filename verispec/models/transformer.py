@@ -543,7 +543,7 @@ class Transformer(nn.Module):
         token, ``num_new - 1``, in prefill; saves the LM head elsewhere); None = all ``T``.
         ``prefill``: the new tokens are (a chunk of) prompts, which a compute-bound path may take:
         on the kernels' one call per pass, attention by torch's flash attention (every tier) and,
-        on the amx tier, Q4_K projections on bf16 tiles (``csrc/amx/prefill.cpp``). Another
+        on the amx tier, int8 and Q4_K projections on bf16 tiles (``csrc/amx/prefill.cpp``). Another
         rounding than feeding the same tokens with ``prefill=False``; a decoding step or a
         verification pass never takes it, and plain and speculative decoding feed a prompt alike
         (the engine: pieces of :data:`PREFILL_MIN_TOKENS` or more, one prompt a pass). Off the

@@ -25,6 +25,9 @@ void w8a8_linear_amx(const W8A8Args&, int64_t, int64_t) { TORCH_CHECK(false, "th
 void q4k_linear_amx(const W8A8Args&, int64_t, int64_t) { TORCH_CHECK(false, "this tier has no AMX"); }
 void bf16_linear_amx(const Bf16Args&, int64_t, int64_t) { TORCH_CHECK(false, "this tier has no AMX"); }
 void q4k_prefill_amx(const uint8_t*, const Bf16Args&, int64_t, int64_t) { TORCH_CHECK(false, "this tier has no AMX"); }
+void int8_prefill_amx(const uint8_t*, const float*, const Bf16Args&, int64_t, int64_t) {
+  TORCH_CHECK(false, "this tier has no AMX");
+}
 #endif
 #if VS_VEC_DPBF16
 constexpr bool kHasDpbf16 = true;  // the avx512bf16 tier: its bf16 kernel multiplies bf16 pairs (VDPBF16PS)
@@ -341,30 +344,53 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 
 // ------------------------------------------------------------------------------------ prefill
 
-// x [M, K'] bf16 (K' = k, or narrower by less than 256 for a padded projection: zeros added) times
-// the Q4_K weights dequantised to bf16, + bias -> [M, N] bf16 (amx/prefill.cpp; amx tier only).
-at::Tensor q4k_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
-                              const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(kHasAmx && amx_permitted(), "the prefill kernel needs the amx tier and AMX permitted");
-  check_q4k_inputs(k);
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
-              "x must be bf16 [M, K] on the CPU, got ", x.sizes(), " ", x.scalar_type());
-  TORCH_CHECK(x.size(1) <= k && x.size(1) > k - kQ4KSuper && x.size(1) % 32 == 0,
-              "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x.sizes());
-  check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
-  const at::Tensor xc = x.size(1) == k ? x.contiguous() : at::constant_pad_nd(x, {0, k - x.size(1)});
-  at::Tensor y = at::empty({x.size(0), n}, x.options());
+// The prefill kernels' arguments (amx/prefill.cpp) for x [M, k] bf16 into y [M, n] bf16.
+Bf16Args prefill_args(const at::Tensor& x, at::Tensor& y, int64_t n, int64_t k, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(kHasAmx && amx_permitted(), "the prefill kernels need the amx tier and AMX permitted");
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(1) == k && x.scalar_type() == at::kBFloat16 && x.is_contiguous() &&
+                  x.device().is_cpu(),
+              "x must be bf16 [M, ", k, "] on the CPU, got ", x.sizes(), " ", x.scalar_type());
   Bf16Args a{};
-  a.x = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  a.x = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   a.bias = bias_pointer(bias, n);
   a.y = y.data_ptr();
   a.M = x.size(0);
   a.N = n;
   a.K = k;
   a.out_bf16 = true;
+  return a;
+}
+
+// x [M, K'] bf16 (K' = k, or narrower by less than 256 for a padded projection: zeros added) times
+// the Q4_K weights dequantised to bf16, + bias -> [M, N] bf16 (amx/prefill.cpp; amx tier only).
+at::Tensor q4k_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+                              const c10::optional<at::Tensor>& bias) {
+  check_q4k_inputs(k);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) <= k && x.size(1) > k - kQ4KSuper && x.size(1) % 32 == 0,
+              "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x.sizes());
+  check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
+  const at::Tensor xc = x.size(1) == k ? x.contiguous() : at::constant_pad_nd(x, {0, k - x.size(1)});
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  const Bf16Args a = prefill_args(xc, y, n, k, bias);
   const uint8_t* w = packed.data_ptr<uint8_t>();
   // grain: whole groups of row blocks (the unit dequantised at once)
   at::parallel_for(0, row_blocks(n), kBf16GroupBlocks, [&](int64_t b, int64_t e) { q4k_prefill_amx(w, a, b, e); });
+  return y;
+}
+
+// x [M, K] bf16 times the int8 weights (scale * codes) rounded to bf16, + bias -> [M, N] bf16
+// (amx/prefill.cpp; amx tier only).
+at::Tensor int8_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n,
+                               int64_t k, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(k % 32 == 0, "int8 rows must have a multiple of 32 inputs, got ", k);
+  check_weights(packed, at::kChar, row_blocks(n) * kRows * k, "packed int8");
+  check_weights(scale, at::kFloat, row_blocks(n) * kRows, "int8 scales");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  const Bf16Args a = prefill_args(xc, y, n, k, bias);
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>());
+  const float* sc = scale.data_ptr<float>();
+  at::parallel_for(0, row_blocks(n), kBf16GroupBlocks, [&](int64_t b, int64_t e) { int8_prefill_amx(w, sc, a, b, e); });
   return y;
 }
 
@@ -508,9 +534,10 @@ struct Projection {
     if (kind == 3) return q6k_matmul(x, w, n, k, bias);
     return q4k_matmul(x, w, n, k, bias, kEngineAuto);
   }
-  // A prompt's rows (Layers::forward with prefill): Q4_K on the prefill kernel where the tier has
-  // AMX, everything else as above.
+  // A prompt's rows (Layers::forward with prefill): int8 and Q4_K on the prefill kernels where
+  // the tier has AMX, everything else as above.
   at::Tensor prefill(const at::Tensor& x) const {
+    if (kHasAmx && kind == 1) return int8_prefill_matmul(x, w, scale, n, k, bias);
     if (kHasAmx && kind == 2) return q4k_prefill_matmul(x, w, n, k, bias);
     return (*this)(x);
   }
@@ -700,7 +727,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [M, K] bf16 times unpack(packed).T (fp32 sums: TDPBF16PS order on amx, one FMA chain elsewhere), + bias -> [M, N] bf16 (fp32 when out_fp32)",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("out_fp32") = false);
   m.def("prefill_available", [] { return verispec::kHasAmx && verispec::amx_permitted(); },
-        "whether q4k_prefill_linear runs here (the amx tier with AMX permitted)");
+        "whether the prefill kernels run here (the amx tier with AMX permitted)");
+  m.def("int8_prefill_linear", &verispec::int8_prefill_matmul,
+        "x [M, K] bf16 times the int8 weights (scale * codes) rounded to bf16 (nearest even), summed on AMX bf16 "
+        "tiles as bf16_linear, + bias -> [M, N] bf16: the amx tier's path for a prompt's rows",
+        py::arg("x"), py::arg("packed"), py::arg("scale"), py::arg("n"), py::arg("k"), py::arg("bias"));
   m.def("q4k_prefill_linear", &verispec::q4k_prefill_matmul,
         "x [M, K] bf16 times the Q4_K weights dequantised to bf16 (round to nearest even), summed on AMX bf16 "
         "tiles as bf16_linear, + bias -> [M, N] bf16: the amx tier's path for a prompt's rows",
@@ -739,7 +770,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "layer, then the shapes")
       .def("forward", &verispec::Layers::forward,
            "h, x, cos, sin, k_cache, v_cache, rows, write_pos, span, visible, prefill -> the final norm of h (one "
-           "call for every decoder layer; prefill: a prompt's chunk, Q4_K projections on the prefill kernel "
+           "call for every decoder layer; prefill: a prompt's chunk, int8 / Q4_K projections on the prefill kernels "
            "and attention by torch's scaled_dot_product_attention)",
            py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
            py::arg("rows"), py::arg("write_pos"), py::arg("span"), py::arg("visible"), py::arg("prefill") = false);

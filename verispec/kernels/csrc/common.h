@@ -239,10 +239,11 @@ constexpr int kBf16GroupBlocks = 4;  // weight row blocks the AMX kernel multipl
 // releases the tiles).
 void bf16_blocks_amx(const Bf16Args& a, const uint16_t* w, int64_t nb, int blocks, int& configured);
 
-// ---- Q4_K projections of a prompt's rows (amx/prefill.cpp, amx tier only): the weights
+// ---- int8 and Q4_K projections of a prompt's rows (amx/prefill.cpp, amx tier only): the weights
 // dequantised to bf16 a group of row blocks at a time, then bf16.cpp's AMX kernel. a: the
 // activations (bf16, K = the packed inputs), bias, y (bf16), M, N, K (a.w unused); row blocks [begin, end).
 void q4k_prefill_amx(const uint8_t* q4k, const Bf16Args& a, int64_t begin, int64_t end);
+void int8_prefill_amx(const uint8_t* codes, const float* scales, const Bf16Args& a, int64_t begin, int64_t end);
 
 // ---- memory bandwidth probe (vec/pack.cpp): xor of every 8 bytes of [p, p + bytes)
 uint64_t stream_xor(const uint8_t* p, int64_t bytes);
