@@ -241,12 +241,7 @@ class MeasuredPolicy:
         real steps' time at exactly that shape, or None (the neighbouring widths
         :meth:`draft_lengths` falls back on are no measure of this one)."""
         if self.calibrated:
-            now = self.context
-            self.context = now if context is None else context
-            try:
-                return self._verify_cost(batch, width)
-            finally:
-                self.context = now
+            return self._verify_cost(batch, width, context)
         return self.verify_time[(batch, width)].value if (batch, width) in self.verify_time else None
 
     def _note_context(self, batch: Sequence[Request]) -> None:
@@ -254,24 +249,26 @@ class MeasuredPolicy:
         if batch:
             self.context = sum(len(r.tokens) for r in batch) / len(batch)
 
-    def _beyond_calibration(self, batch: int, width: int) -> float:
-        """Seconds a pass over ``width`` tokens per row adds at today's context over the
-        calibration's: every query row attends to the extra cached keys."""
-        return self.key_seconds * batch * width * max(0.0, self.context - self.calibration_context)
+    def _beyond_calibration(self, batch: int, width: int, context: float | None = None) -> float:
+        """Seconds a pass over ``width`` tokens per row adds at ``context`` (None: the last batch's)
+        over the calibration's: every query row attends to the extra cached keys."""
+        extra = (self.context if context is None else context) - self.calibration_context
+        return self.key_seconds * batch * width * max(0.0, extra)
 
-    def _verify_cost(self, batch: int, width: int) -> float:
+    def _verify_cost(self, batch: int, width: int, context: float | None = None) -> float:
         """Seconds of a target pass over ``width`` tokens per row (see :meth:`_verify_estimate`)."""
-        return max(self._verify_estimate(batch, width), 1e-9)
+        return max(self._verify_estimate(batch, width, context), 1e-9)
 
-    def _verify_estimate(self, batch: int, width: int) -> float:
+    def _verify_estimate(self, batch: int, width: int, context: float | None = None) -> float:
         """The calibrated curve at (batch, width), times how much faster or slower real steps run
         it now: the curve's shape is the calibration's, its level today's (a table cached hours
         before, on a shared machine, was 25% off, and real steps at one width beside calibrated
-        values at the others made the measured width look cheap or dear by that much). Without a
-        calibration, the real steps' times."""
+        values at the others made the measured width look cheap or dear by that much), plus what
+        ``context`` cached tokens per row (None: the last batch's) add past the calibration's.
+        Without a calibration, the real steps' times."""
         calibrated = self._calibrated_estimate(batch, width)
         if calibrated is not None:
-            return calibrated * (self.speed.value or 1.0) + self._beyond_calibration(batch, width)
+            return calibrated * (self.speed.value or 1.0) + self._beyond_calibration(batch, width, context)
         known = [(w, e.value) for (b, w), e in self.verify_time.items() if b == batch and e.value is not None]
         if not known:
             known = [(w, e.value / b * batch) for (b, w), e in self.verify_time.items() if e.value is not None]
