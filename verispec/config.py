@@ -34,6 +34,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 1024  # characters per stop string
 MAX_BATCH = 4096  # sequences an engine runs at once
 MAX_LEN = 1 << 24  # tokens per sequence (the longest context a model config may declare)
+#: The most prompt tokens a draft model reads by default (``--draft-window``): a longer prompt's
+#: draft starts at its last this many tokens (verispec.drafters.model explains and measures it).
+DRAFT_CONTEXT_WINDOW = 1024
 
 
 def _finite(name: str, value: Any) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from verispec.config import EngineConfig, SamplingParams, SpecConfig
+from verispec.config import DRAFT_CONTEXT_WINDOW, EngineConfig, SamplingParams, SpecConfig
 from verispec.drafters.eagle import load_eagle
 from verispec.drafters.heads import MedusaDrafter, load_heads
 from verispec.drafters.registry import make_drafter
@@ -219,6 +219,7 @@ def build(
     heads: str | os.PathLike[str] | None = None,
     progress: ProgressFn | None = None,
     confidence_stop: bool = True,
+    draft_window: int | None = DRAFT_CONTEXT_WINDOW,
 ) -> Pipeline:
     """Load the models and build the engine. ``drafter``: "model", "ngram", "composite" or "none";
     ``k``: draft length, or None for the measured policy; ``dtype`` / ``draft_dtype``: "fp32",
@@ -232,7 +233,8 @@ def build(
     ``datastore``: the retrieval drafter's folder (or file) of text or code; ``heads``: the
     medusa drafter's heads file (``verispec train medusa``). ``confidence_stop``: with K chosen
     per step, a draft model's chain may run past it and ends where its confidence says the next
-    token does not pay (:mod:`verispec.engine.confidence`)."""
+    token does not pay (:mod:`verispec.engine.confidence`). ``draft_window``: the most prompt
+    tokens the draft model reads, a longer prompt from its last that many (None: all)."""
     if drafter not in DRAFTERS:
         raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
     if draft_dtype is None and drafter in MODEL_DRAFTERS and dtype in PRECISIONS:
@@ -296,6 +298,7 @@ def build(
         datastore=load_datastore(files, target_model.tokenizer, progress) if files is not None else None,
         target_model=target_model.model,
         heads=trained[0] if trained is not None else None,
+        draft_window=draft_window,
     )
     policy: DraftPolicy | None = None
     if d.proposes and k is None:

@@ -137,6 +137,7 @@ def test_generate_streams_text_then_stats(pair: tuple[Path, Path], capsys: pytes
         (["--drafter", "tree", "--tree", "auto", "--k", "3"], "drop --k"),
         (["--rule", "typical"], "--allow-lossy"),
         (["--rule", "typical", "--allow-lossy", "--drafter", "tree"], "verifies chains"),
+        (["--draft-window", "-1"], "--draft-window must be 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

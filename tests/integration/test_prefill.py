@@ -149,3 +149,17 @@ def test_greedy_speculation_equals_greedy_plain_with_a_windowed_draft(drafter: s
     assert [o.token_ids for o in spec.generate(prompts, params)] == [
         o.token_ids for o in plain.generate(prompts, params)
     ]
+
+
+@pytest.mark.parametrize("drafter", ["model", "tree", "composite"])
+def test_the_window_reaches_every_drafter_with_a_draft_model(drafter: str) -> None:
+    """``make_drafter(draft_window=...)`` (``--draft-window``; 0 there is None here: the whole
+    prompt) sets the draft model's window; by default it is DRAFT_CONTEXT_WINDOW."""
+    from verispec.config import DRAFT_CONTEXT_WINDOW
+
+    draft = model("int8", seed=1)
+    for window in (DRAFT_CONTEXT_WINDOW, 64, None):
+        extra = {} if window == DRAFT_CONTEXT_WINDOW else {"draft_window": window}
+        d = make_drafter(drafter, draft_model=draft, vocab_size=VOCAB, max_batch=2, max_len=128, **extra)
+        inner = d.model if drafter == "composite" else d  # type: ignore[attr-defined]
+        assert inner.context_window == window, (drafter, window)  # type: ignore[attr-defined]

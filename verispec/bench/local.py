@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from verispec.config import EngineConfig
+from verispec.config import DRAFT_CONTEXT_WINDOW, EngineConfig
 from verispec.engine.engine import Engine
 from verispec.engine.recorder import StepRecord
 from verispec.errors import ConfigError
@@ -61,6 +61,7 @@ def local_pipelines(
     datastore: str | None = None,
     heads: str | None = None,
     confidence_stop: bool = True,
+    draft_window: int | None = DRAFT_CONTEXT_WINDOW,
 ) -> tuple[Pipeline, Pipeline]:
     """The baseline and speculative pipelines of one pair, sharing the loaded target."""
     if drafter == "none" or k == 0:
@@ -69,6 +70,7 @@ def local_pipelines(
         target, draft, drafter=drafter, k=k, dtype=dtype, draft_dtype=draft_dtype, device=device,
         max_batch=max_batch, max_len=max_len, draft_head=draft_head, tree=tree, tree_children=tree_children,
         rule=rule, allow_lossy=allow_lossy, datastore=datastore, heads=heads, confidence_stop=confidence_stop,
+        draft_window=draft_window,
     )  # fmt: skip
     return Pipeline(baseline_engine(spec.engine), spec.target, None), spec
 

@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verispec.cli.options import add_model_options, add_sampling_options, resolve_precisions, sampling_params
+from verispec.cli.options import (
+    add_model_options,
+    add_sampling_options,
+    draft_window,
+    resolve_precisions,
+    sampling_params,
+)
 
 EPILOG = """\
 examples:
@@ -94,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             draft_dtype=args.draft_dtype, device=args.device, max_batch=1, draft_head=args.draft_vocab,
             tree=args.tree, tree_children=args.tree_children, rule=args.rule, allow_lossy=args.allow_lossy,
             datastore=args.datastore, heads=args.heads, confidence_stop=args.confidence_stop,
+            draft_window=draft_window(args),
         )  # fmt: skip
     if picked:
         print(picked, file=sys.stderr)

@@ -11,6 +11,7 @@ from typing import Any
 from verispec.cli.options import (
     add_model_options,
     add_prompt_options,
+    draft_window,
     float_list,
     int_list,
     load_prompts,
@@ -214,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
                         [*args.concurrency, 1]), max_len=args.max_len, draft_head=args.draft_vocab,
                         tree=args.tree, tree_children=args.tree_children, rule=args.rule, allow_lossy=args.allow_lossy,
                         datastore=args.datastore, heads=args.heads, confidence_stop=args.confidence_stop,
+                        draft_window=draft_window(args),
                 )  # fmt: skip
                 local_base, local_spec = serve_pair(stack, *pipes)
             if picked:

@@ -8,7 +8,13 @@ import statistics
 import sys
 from typing import Any
 
-from verispec.cli.options import add_model_options, add_sampling_options, resolve_precisions, sampling_params
+from verispec.cli.options import (
+    add_model_options,
+    add_sampling_options,
+    draft_window,
+    resolve_precisions,
+    sampling_params,
+)
 
 EPILOG = """\
 examples:
@@ -69,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             draft_head=args.draft_vocab, tree=args.tree, tree_children=args.tree_children, rule=args.rule,
             allow_lossy=args.allow_lossy,
             datastore=args.datastore, heads=args.heads, confidence_stop=args.confidence_stop, progress=progress,
+            draft_window=draft_window(args),
         )  # fmt: skip
     if picked:
         print(picked, file=sys.stderr)

@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from verispec.config import DRAFT_CONTEXT_WINDOW
+from verispec.errors import ConfigError
 from verispec.names import DEFAULT_DRAFTER, DRAFTERS, LOSSLESS_RULES, PRECISIONS, TREE_CHILDREN
 
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -132,6 +134,20 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "output) with the draft model: a cheaper draft head, still exact (default: 32768 for a large vocabulary "
         "when --dtype is not given and the kernels run, else the full vocabulary)",
     )  # fmt: skip
+    p.add_argument(
+        "--draft-window", type=int, default=DRAFT_CONTEXT_WINDOW, metavar="N",
+        help=f"the most prompt tokens the draft model reads: a longer prompt is drafted from its last N tokens "
+        f"(default {DRAFT_CONTEXT_WINDOW}; 0: the whole prompt). Feeding the draft a long prompt costs more than "
+        "its drafts save; drafts are only proposals, so the output's law is unchanged",
+    )  # fmt: skip
+
+
+def draft_window(args: argparse.Namespace) -> int | None:
+    """``--draft-window`` as the pipeline takes it (None: the whole prompt); raises
+    :class:`~verispec.errors.ConfigError` for a negative value."""
+    if args.draft_window < 0:
+        raise ConfigError(f"--draft-window must be 0 (the whole prompt) or a number of tokens, got {args.draft_window}")
+    return args.draft_window or None
 
 
 def resolve_precisions(args: argparse.Namespace) -> str | None:

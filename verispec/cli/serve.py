@@ -10,7 +10,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from verispec.cli.options import add_model_options, host, port, resolve_precisions
+from verispec.cli.options import add_model_options, draft_window, host, port, resolve_precisions
 
 EPILOG = """\
 examples:
@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             draft_head=args.draft_vocab, tree=args.tree, tree_children=args.tree_children, rule=args.rule,
             allow_lossy=args.allow_lossy,
             datastore=args.datastore, heads=args.heads, confidence_stop=args.confidence_stop,
+            draft_window=draft_window(args),
         )  # fmt: skip
     if picked:
         print(picked, file=sys.stderr)

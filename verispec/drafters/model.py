@@ -53,6 +53,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from verispec.config import DRAFT_CONTEXT_WINDOW
 from verispec.drafters.base import BatchView
 from verispec.errors import ConfigError, InputError
 from verispec.models.protocol import LanguageModel
@@ -60,13 +61,13 @@ from verispec.models.transformer import PREFILL_MIN_TOKENS
 from verispec.sampling import TokenHistory, build_laws, cut_vocab, mode, sample
 from verispec.verify.base import PAD_ID, Draft
 
-#: The most prompt tokens the draft model reads: a longer prompt's draft starts at its last this many
-#: tokens (positions from 0, as if the prompt began there). The draft feeds its prompt at its first
-#: proposal, a cost that grows faster than the prompt (attention); the drafts are only proposals,
-#: so the output stays the target's. A 2129-token prompt (HumanEval prompts, 128 tokens, 1.5B /
-#: 0.5B int4, Intel Xeon with AMX): decode steps at 18.3 tokens/s with the whole prompt, 28.4 with
-#: the last 1024 tokens (acceptance 0.81 / 0.89), 27.2 with 512 (0.66); plain decoding 20.6.
-DRAFT_CONTEXT_WINDOW = 1024
+# DRAFT_CONTEXT_WINDOW (verispec.config), the most prompt tokens the draft model reads by default: a
+# longer prompt's draft starts at its last that many tokens (positions from 0, as if the prompt
+# began there). The draft feeds its prompt at its first proposal, a cost that grows faster than the
+# prompt (attention); the drafts are only proposals, so the output stays the target's. A
+# 2129-token prompt (HumanEval prompts, 128 tokens, 1.5B / 0.5B int4, Intel Xeon with AMX): decode
+# steps at 18.3 tokens/s with the whole prompt, 28.4 with the last 1024 tokens (acceptance 0.81 /
+# 0.89), 27.2 with 512 (0.66); plain decoding 20.6.
 #: Most ids outside a restricted head that one request's context adds to its draft law (the first seen).
 MAX_CONTEXT_IDS = 512
 #: Most rows of the context ids' head: past it, only the rows of the pass that needs it are kept.
@@ -93,7 +94,7 @@ class ModelDrafter:
 
     ``vocab_size``: width of the laws to report (the target's logits width); ``vocab_limit``: ids
     past it get probability 0 (the tokenizer's vocabulary), as in the engine. ``context_window``:
-    the most prompt tokens the draft reads (:data:`DRAFT_CONTEXT_WINDOW`; None: all).
+    the most prompt tokens the draft reads (:data:`~verispec.config.DRAFT_CONTEXT_WINDOW`; None: all).
     """
 
     name: ClassVar[str] = "model"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verispec.config import DRAFT_CONTEXT_WINDOW
 from verispec.drafters.base import Drafter
 from verispec.drafters.composite import CompositeDrafter
 from verispec.drafters.eagle import EagleDrafter, EagleHead
@@ -34,12 +35,14 @@ def make_drafter(
     datastore: Datastore | None = None,
     target_model: LanguageModel | None = None,
     heads: MedusaHeads | EagleHead | None = None,
+    draft_window: int | None = DRAFT_CONTEXT_WINDOW,
 ) -> Drafter:
     """Build the drafter ``name`` ("none" = plain decoding: a drafter that proposes nothing;
     "tree": the draft model's token trees of shape ``tree`` and children ``tree_children``;
     "retrieval": trees of continuations found in ``datastore``; "medusa": ``heads`` on
     ``target_model``'s hidden states, a chain or the static tree ``tree``; "eagle": the EAGLE
-    head ``heads`` on them, a chain or the dynamic tree ``tree``)."""
+    head ``heads`` on them, a chain or the dynamic tree ``tree``). ``draft_window``: the most prompt
+    tokens a draft model reads (None: all; :data:`~verispec.config.DRAFT_CONTEXT_WINDOW`)."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
     free = _model_free(name, ngram_min, ngram_max, datastore)
@@ -63,10 +66,11 @@ def make_drafter(
         return TreeDrafter(
             draft_model, shape=tree or TreeShape(), children=tree_children, vocab_size=vocab_size,
             vocab_limit=vocab_limit, max_batch=max_batch, max_len=max_len, head_size=draft_head, keep_ids=keep_ids,
+            context_window=draft_window,
         )  # fmt: skip
     model = ModelDrafter(
         draft_model, vocab_size=vocab_size, vocab_limit=vocab_limit, max_batch=max_batch, max_len=max_len,
-        head_size=draft_head, keep_ids=keep_ids,
+        head_size=draft_head, keep_ids=keep_ids, context_window=draft_window,
     )  # fmt: skip
     if name == "model":
         return model
