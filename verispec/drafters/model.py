@@ -88,6 +88,11 @@ class _State:
     scanned: int = 0  # context tokens looked at for them
     mask: tuple[int, int, Tensor | None] | None = None  # (pool version, len(extra), [E] bool: pool ids not its own)
 
+    @property
+    def cached(self) -> int:
+        """Tokens in the draft cache: context[skipped:fed]."""
+        return self.fed - self.skipped
+
 
 class ModelDrafter:
     """A draft language model with its own KV cache (see the module docstring).
@@ -174,7 +179,7 @@ class ModelDrafter:
             num_accepted = len(accepted_ids) - 1
             # Draft tokens 1 .. k-1 were fed; keep those the target accepted.
             state.fed = state.context_at_propose + min(num_accepted, state.last_k - 1)
-            self.cache.truncate([state.fed - state.skipped], [state.slot])
+            self.cache.truncate([state.cached], [state.slot])
             state.last_k = 0
 
     def end(self, request_id: str) -> None:
@@ -325,7 +330,7 @@ class ModelDrafter:
         point = bool(rows) and all(batch.params[b].greedy and not batch.params[b].logit_bias for b in rows)
         states = [self._get(batch.request_ids[b]) for b in rows]
         for b, state in zip(rows, states, strict=True):
-            if state.fed - state.skipped + max_tokens[b] > self.max_len:
+            if state.cached + max_tokens[b] > self.max_len:
                 raise InputError(f"draft cache overflow for request {batch.request_ids[b]!r}")
             state.last_k = max_tokens[b]
             state.context_at_propose = len(state.context)

@@ -265,7 +265,7 @@ class TreeDrafter(ModelDrafter):
                 break
             frontier_logits = self._tree_logits(rows, states, trees, frontier, cached)
         for state in states:  # the tree leaves the draft cache; the committed tokens stay
-            self.cache.truncate([state.fed - state.skipped], [state.slot])
+            self.cache.truncate([state.cached], [state.slot])
 
     def _laws(
         self,
@@ -352,8 +352,7 @@ class TreeDrafter(ModelDrafter):
                 while ancestor >= 0:  # (every ancestor of a node that grows grew, so it is cached)
                     window[r, t, column[ancestor]] = True
                     ancestor = nodes[ancestor].parent
-                # (a node at depth d follows d - 1 ancestors; the cache holds context[skipped:fed])
-                positions[r, t] = states[j].fed - states[j].skipped + nodes[node].depth - 1
+                positions[r, t] = states[j].cached + nodes[node].depth - 1  # (depth d: after d - 1 ancestors)
             pieces.append([nodes[node].token for node in frontier[j]])
             own.extend(frontier[j])
         at = torch.arange(width, dtype=torch.long).expand(len(active), -1)

@@ -396,6 +396,38 @@ at::Tensor int8_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, co
 
 // ------------------------------------------------------------------------------------ attention
 
+// Attention one query row at a time (vec/attention.cpp), every tier's decoding steps and
+// verification passes: q [B, T, H, D] (or [M, H, D], M = B T; contiguous), the keys and values of
+// batch row b and kv head g at k + (rows[b]) * k_sb + g * k_sh (likewise v; rows null: b itself),
+// D values per position, visible [B, T, span] contiguous -> [B, T, H, D] in q's dtype.
+at::Tensor attention_of_rows(const at::Tensor& q, const void* k, int64_t k_sb, int64_t k_sh, const void* v,
+                             int64_t v_sb, int64_t v_sh, const int64_t* rows, const at::Tensor& visible, int64_t b,
+                             int64_t t, int64_t hkv, int64_t span, double scale) {
+  const int64_t h = q.size(-2), d = q.size(-1);
+  at::Tensor out = at::empty({b, t, h, d}, q.options());
+  AttnArgs a{};
+  a.q = q.data_ptr();
+  a.k = k;
+  a.v = v;
+  a.k_sb = k_sb;
+  a.k_sh = k_sh;
+  a.v_sb = v_sb;
+  a.v_sh = v_sh;
+  a.rows = rows;
+  a.visible = reinterpret_cast<const uint8_t*>(visible.data_ptr<bool>());
+  a.out = out.data_ptr();
+  a.B = b;
+  a.T = t;
+  a.H = h;
+  a.Hkv = hkv;
+  a.D = d;
+  a.span = span;
+  a.scale = static_cast<float>(scale);
+  a.bf16 = q.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, b * t * h, 1, [&](int64_t s, int64_t e) { attention_rows(a, s, e); });
+  return out;
+}
+
 at::Tensor attention_by_row(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& visible,
                             double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && visible.dim() == 3,
@@ -418,28 +450,8 @@ at::Tensor attention_by_row(const at::Tensor& q, const at::Tensor& k, const at::
                   visible.size(2) == span,
               "visible must be [B, T, span] bool");
   const at::Tensor qc = q.contiguous(), vis = visible.contiguous();
-  at::Tensor out = at::empty_like(qc);
-  AttnArgs a{};
-  a.q = qc.data_ptr();
-  a.k = k.data_ptr();
-  a.v = v.data_ptr();
-  a.k_sb = k.stride(0);
-  a.k_sh = k.stride(1);
-  a.v_sb = v.stride(0);
-  a.v_sh = v.stride(1);
-  a.rows = nullptr;
-  a.visible = reinterpret_cast<const uint8_t*>(vis.data_ptr<bool>());
-  a.out = out.data_ptr();
-  a.B = b;
-  a.T = t;
-  a.H = h;
-  a.Hkv = hkv;
-  a.D = d;
-  a.span = span;
-  a.scale = static_cast<float>(scale);
-  a.bf16 = q.scalar_type() == at::kBFloat16;
-  at::parallel_for(0, b * t * h, 1, [&](int64_t s, int64_t e) { attention_rows(a, s, e); });
-  return out;
+  return attention_of_rows(qc, k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), nullptr,
+                           vis, b, t, hkv, span, scale);
 }
 
 // ------------------------------------------------------------------------------------ layer ops
@@ -543,35 +555,6 @@ struct Projection {
   }
 };
 
-// Attention one query row at a time (vec/attention.cpp): a decoding step's or a verification
-// pass's. q [M, H, D], a layer's key and value caches at kl, vl (s_stride, h_stride: the strides
-// of a slot and of a kv head), rows [B] (their slots), visible [B, T, span] -> [B, T, H, D].
-at::Tensor attention_of_rows(const at::Tensor& q, const uint16_t* kl, const uint16_t* vl, int64_t s_stride,
-                             int64_t h_stride, const int64_t* rows, const at::Tensor& visible, int64_t b, int64_t t,
-                             int64_t span, int64_t hkv) {
-  const int64_t hq = q.size(1), d = q.size(2);
-  at::Tensor out = at::empty({b, t, hq, d}, q.options());
-  AttnArgs a{};
-  a.q = q.data_ptr();
-  a.k = kl;
-  a.v = vl;
-  a.k_sb = a.v_sb = s_stride;
-  a.k_sh = a.v_sh = h_stride;
-  a.rows = rows;
-  a.visible = reinterpret_cast<const uint8_t*>(visible.data_ptr<bool>());
-  a.out = out.data_ptr();
-  a.B = b;
-  a.T = t;
-  a.H = hq;
-  a.Hkv = hkv;
-  a.D = d;
-  a.span = span;
-  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  a.bf16 = true;
-  at::parallel_for(0, b * t * hq, 1, [&](int64_t s0, int64_t e0) { attention_rows(a, s0, e0); });
-  return out;
-}
-
 // Attention of a prompt's chunk: torch's scaled_dot_product_attention (its CPU flash-attention
 // kernel, blocked over queries and keys: 3.5-4.5x the row kernel's speed at 512 queries over 512 to
 // 2048 keys, Intel Xeon with AMX, 2 threads), another order of the same sums than attention_rows.
@@ -662,7 +645,8 @@ struct Layers {
           std::memcpy(vl + dst, vs + r * qkv_stride + g * d, 2 * d);
         }
       const at::Tensor out = prefill ? prefill_attention(q, kc[i], vc[i], rc, b, t, span, stacked_mask)
-                                     : attention_of_rows(q, kl, vl, s_stride, h_stride, rp, vis, b, t, span, hkv);
+                                     : attention_of_rows(q, kl, s_stride, h_stride, vl, s_stride, h_stride, rp, vis,
+                                                         b, t, hkv, span, 1.0 / std::sqrt(static_cast<double>(d)));
       x = rms_norm(h, project(L.o, out.view({m, qw})), L.post_norm, eps);
       at::Tensor gate, up;  // [M, F] each, with the same row stride
       if (L.gate_up.size() == 1) {

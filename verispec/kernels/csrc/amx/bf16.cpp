@@ -41,6 +41,16 @@ inline void configure_bf16_tiles(int rows) {
   configure_tiles({c, c, c, c, c, b, b, b});
 }
 
+// Prefetches step s + kPrefetchSteps of `blocks` row blocks of weights at w (block_bytes apart)
+// into L1, unless it is past the last of `steps`.
+inline void prefetch_step(const uint8_t* w, int64_t block_bytes, int blocks, int64_t s, int64_t steps) {
+  if (s + kPrefetchSteps >= steps) return;
+  for (int g = 0; g < blocks; ++g) {
+    const char* ahead = reinterpret_cast<const char*>(w + g * block_bytes + (s + kPrefetchSteps) * kStepBytes);
+    for (int line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+  }
+}
+
 // The fp32 sums c of `rows` rows (a stored C tile) -> y (+ bias) for the 16 output columns of row block nb.
 inline void store_block(const Bf16Args& a, int64_t nb, int64_t row0, int rows, const float* c) {
   const int64_t n0 = nb * kRows;
@@ -67,12 +77,7 @@ void amx_group(const Bf16Args& a, const uint8_t* w, int64_t nb, int64_t row0, in
   if (G > 2) _tile_zero(2);
   if (G > 3) _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s) {
-    if (s + kPrefetchSteps < steps) {
-      for (int g = 0; g < G; ++g) {
-        const char* ahead = reinterpret_cast<const char*>(w + g * block_bytes + (s + kPrefetchSteps) * kStepBytes);
-        for (int line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-      }
-    }
+    prefetch_step(w, block_bytes, G, s, steps);
     const uint8_t* ws = w + s * kStepBytes;
     VS_TILE_LOADD(4, x + s * kStepInputs, x_stride);
     VS_TILE_LOADD(5, ws, 64);
@@ -130,12 +135,7 @@ void amx_quad(const Bf16Args& a, const uint8_t* w, int64_t nb, int64_t row0) {
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s) {
-    if (s + kPrefetchSteps < steps) {
-      for (int g = 0; g < 2; ++g) {
-        const char* ahead = reinterpret_cast<const char*>(w + g * block_bytes + (s + kPrefetchSteps) * kStepBytes);
-        for (int line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-      }
-    }
+    prefetch_step(w, block_bytes, 2, s, steps);
     const uint8_t* ws = w + s * kStepBytes;
     VS_TILE_LOADD(4, x0 + s * kStepInputs, x_stride);
     VS_TILE_LOADD(6, ws, 64);
