@@ -163,3 +163,47 @@ def test_the_window_reaches_every_drafter_with_a_draft_model(drafter: str) -> No
         d = make_drafter(drafter, draft_model=draft, vocab_size=VOCAB, max_batch=2, max_len=128, **extra)
         inner = d.model if drafter == "composite" else d  # type: ignore[attr-defined]
         assert inner.context_window == window, (drafter, window)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("drafter", ["model", "tree"])
+def test_a_long_catch_up_goes_in_chunks_with_the_same_drafts(drafter: str) -> None:
+    """A catch-up longer than ``catch_up_chunk`` is fed a chunk of one request a pass, without
+    logits, and the rest with the step's batched pass; below PREFILL_MIN_TOKENS both take the
+    decoding path, whose rows do not depend on the pass's width, so the drafts are those of one
+    pass over the whole prompt, bit for bit."""
+    from verispec.drafters.base import BatchView
+    from verispec.drafters.model import ModelDrafter
+    from verispec.drafters.tree import TreeDrafter
+
+    kinds = {"model": ModelDrafter, "tree": TreeDrafter}
+    draft = Recording(model("int8", seed=1, noise=0.3))
+    prompt = LONG[: PREFILL_MIN_TOKENS - 6]  # (90 tokens: one pass of the whole stays on the decoding path)
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0)]
+    drafts = []
+    for chunk in (32, 512):
+        d = kinds[drafter](draft, vocab_size=VOCAB, max_batch=2, max_len=256, context_window=None)
+        d.catch_up_chunk = chunk
+        d.begin("long", prompt)
+        d.begin("short", SHORT)
+        draft.passes.clear()
+        out = d.propose(BatchView(["long", "short"], params, [None, None]), [3, 3])
+        drafts.append(out.token_ids.tolist())
+        if chunk == 32:  # 90 = 32 + 32 + 26: two chunks alone, then the batched pass
+            assert draft.passes[:3] == [(1, 32, False), (1, 32, False), (2, 26, False)]
+        assert d.last_catchup_tokens >= len(prompt)  # (the whole catch-up, its chunks included)
+    assert drafts[0] == drafts[1]
+
+
+def test_greedy_speculation_equals_greedy_plain_with_a_chunked_catch_up() -> None:
+    from verispec.drafters.model import ModelDrafter
+
+    target, draft = model("int4-all"), model("int8", seed=1, noise=0.3)
+    params = SamplingParams(temperature=0, max_tokens=16)
+    prompts = [LONG, SHORT, LONG[10:]]
+    d = ModelDrafter(draft, vocab_size=VOCAB, max_batch=4, max_len=256, context_window=None)
+    d.catch_up_chunk = 100  # (156 = 100 on the prefill path + 56 with the batch)
+    spec = Engine(target, None, d, EngineConfig(max_batch=4, max_len=256, num_draft_tokens=4))
+    plain = Engine(target, None, make_drafter("none", vocab_size=VOCAB), EngineConfig(max_batch=4, max_len=256))
+    assert [o.token_ids for o in spec.generate(prompts, params)] == [
+        o.token_ids for o in plain.generate(prompts, params)
+    ]

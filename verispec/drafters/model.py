@@ -16,7 +16,11 @@ draft token. After verification the cache keeps the committed prefix and drops w
 rejected (O(1)). A new request's prompt is fed by its first proposal, batched with the other
 requests' pending tokens; a prompt longer than ``context_window`` tokens only from its last that
 many (``skipped`` counts the others), and a prompt of ``PREFILL_MIN_TOKENS`` or more through the
-model's prefill path.
+model's prefill path. A catch-up longer than ``catch_up_chunk`` tokens (a long prompt with the whole
+prompt as the window, or many tokens committed while speculation was off) goes ahead in chunks of
+that many, one request a pass, as the engine feeds the target a prompt: a pass's attention
+masks grow with the square of its width, so one pass over a 32k-token prompt would build
+gigabytes of them.
 
 Rows that draft nothing this step are not run and consume no randomness. A row whose draft law
 cannot be built (NaN draft logits, every token banned) stops drafting at that position; the
@@ -72,6 +76,8 @@ from verispec.verify.base import PAD_ID, Draft
 MAX_CONTEXT_IDS = 512
 #: Most rows of the context ids' head: past it, only the rows of the pass that needs it are kept.
 MAX_CONTEXT_POOL = 2048
+#: Most tokens of one request a catch-up pass feeds (EngineConfig.prefill_chunk's default).
+CATCH_UP_CHUNK = 512
 
 
 @dataclass
@@ -106,6 +112,7 @@ class ModelDrafter:
     proposes: ClassVar[bool] = True
     uses_target_hidden: ClassVar[bool] = False
     stops_early: ClassVar[bool] = True  # honours BatchView.stop (drafts end by their confidence)
+    catch_up_chunk: int = CATCH_UP_CHUNK
 
     def __init__(
         self,
@@ -205,6 +212,21 @@ class ModelDrafter:
         for state, n in zip(states, num_new, strict=True):
             state.fed += n
         return logits
+
+    def _feed_ahead(self, states: Sequence[_State]) -> None:
+        """Feed each state's pending tokens except the last ``catch_up_chunk`` or fewer, a chunk
+        of one state a pass, computing no logits (the module docstring); the rest go with the
+        step's first batched pass."""
+        chunk = self.catch_up_chunk
+        device = self.model.device
+        none = torch.empty((1, 0), dtype=torch.long, device=device)
+        extra: dict[str, Any] = {"prefill": True} if chunk >= PREFILL_MIN_TOKENS else {}
+        for state in states:
+            while len(state.context) - state.fed > chunk:
+                piece = torch.tensor([state.context[state.fed : state.fed + chunk]], dtype=torch.long, device=device)
+                slots = [state.slot]
+                self.model.forward(piece, None, self.cache, num_new=[chunk], slots=slots, logits_at=none, **extra)
+                state.fed += chunk
 
     def _run(
         self,
@@ -343,11 +365,12 @@ class ModelDrafter:
         narrow = self._head_ids is not None and histories is None and not any(batch.params[b].logit_bias for b in rows)
         drafted: dict[int, list[int]] = {b: [] for b in rows}
         active = list(range(len(rows)))  # indices into rows/states
+        # Context tokens to feed (1-2 in steady state; a prompt or the tokens committed while
+        # speculation was off otherwise): a one-off cost the draft-length policy must not mistake
+        # for the price of a draft token.
+        self.last_catchup_tokens = max((len(s.context) - s.fed for s in states), default=0)
+        self._feed_ahead(states)
         pieces = [s.context[s.fed :] for s in states]
-        # Context tokens the first pass feeds (1-2 in steady state; a prompt or the tokens committed
-        # while speculation was off otherwise): a one-off cost the draft-length policy must not
-        # mistake for the price of a draft token.
-        self.last_catchup_tokens = max((len(p) for p in pieces), default=0)
         for i in range(k_max):
             if not active:
                 break

@@ -227,6 +227,7 @@ class TreeDrafter(ModelDrafter):
         cached: list[list[int]] = [[] for _ in rows]  # per row: the nodes in the draft cache, in order
         histories = self._histories(batch, rows, states)
         # the root's law: the catch-up (tokens committed since the last step) fed as a chain
+        self._feed_ahead(states)
         root_logits = self._feed(states, [s.context[s.fed :] for s in states])  # [R, V]
         frontier: list[list[int]] = [[-1] for _ in rows]  # per row: the nodes to grow (-1 = the root)
         frontier_logits: list[Tensor] = [root_logits[j : j + 1] for j in range(len(rows))]
