@@ -1,7 +1,8 @@
 """Every instruction-set tier of the kernels this CPU can execute computes the same bits: int8,
 Q4_K, the activation quantisation, attention, RMSNorm, RoPE, SwiGLU and the Q4_K dequantiser on
 all tiers; bf16 on the tiers that sum in input order (avx512, avx2vnni, avx2, portable: "chain"),
-while amx (AMX's order) and avx512bf16 (VDPBF16PS's pairs) differ from them by fp32 rounding only.
+while amx (AMX's order) and avx512bf16 (VDPBF16PS's pairs) differ from them by fp32 rounding only,
+as the amx tier's bf16 attention does (its scores on AMX tiles).
 Tiers this CPU cannot run are skipped, by name; those of this machine's architecture are still
 compiled, so that a change to the code they share cannot break a tier only other CPUs run."""
 
@@ -104,7 +105,13 @@ def test_each_tier_equals_the_portable_one_bit_for_bit(tier: str, results: dict[
     differ = [key for key in portable if not same(ours[key], portable[key])]
     other_order = dispatch.by_name(tier).bf16_order != "chain"
     expected = [key for key in portable if key.startswith("bf16 ")] if other_order else []
-    assert differ == expected
+    assert [key for key in differ if key not in MAY_DIFFER.get(tier, ())] == expected
+
+
+# Results a tier computes in another order whose rounding may or may not show in its bf16 output: the
+# amx tier's bf16 attention scores come from AMX tiles (csrc/amx/attention_scores.cpp; head size 64
+# here, while the head size 48 keeps the vectors' order)
+MAY_DIFFER = {"amx": (f"attention {torch.bfloat16}",)}
 
 
 @pytest.mark.parametrize("tier", [t.name for t in dispatch.TIERS if t.bf16_order != "chain"])
@@ -116,6 +123,9 @@ def test_a_bf16_of_another_order_differs_by_fp32_rounding_only(tier: str, result
     for key in (k for k in results["portable"] if k.startswith("bf16 ")):
         a, b = results[tier][key].double(), results["portable"][key].double()
         assert ((a - b).abs() <= 1e-5 * b.abs().max() + 1e-6).all(), key
+    for key in MAY_DIFFER.get(tier, ()):  # (outputs in bf16: one unit in the last place at most)
+        a, b = results[tier][key].double(), results["portable"][key].double()
+        assert ((a - b).abs() <= 2**-7 * b.abs()).all(), key
 
 
 def test_the_tiers_are_ordered_and_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

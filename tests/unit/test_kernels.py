@@ -711,12 +711,35 @@ def test_fused_projections_equal_the_parts() -> None:
     )
 
 
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
+def test_the_amx_attention_scores_are_the_bf16_dot_products_in_amx_order(d: int) -> None:
+    """The amx tier's attention scores (csrc/amx/attention_scores.cpp): each query row's dot
+    products with the keys in TDPBF16PS's order (the bf16 kernel's reference), bit for bit, with
+    several query tiles and key counts that end inside a tile. Other tiers refuse the call."""
+    from verispec.kernels.linear import reference_bf16_linear
+
+    kernels = require_kernels()
+    gen = torch.Generator().manual_seed(d)
+    q = (2 * torch.randn(40, d, generator=gen)).to(torch.bfloat16)
+    k = (2 * torch.randn(83, d, generator=gen)).to(torch.bfloat16)
+    if kernels.tier() != "amx" or not kernels.amx_available():
+        with pytest.raises(RuntimeError, match="need the amx tier"):
+            kernels.attention_scores(q, k)
+        return
+    for m, n in ((1, 1), (6, 16), (17, 83), (40, 50)):
+        assert torch.equal(kernels.attention_scores(q[:m], k[:n]), reference_bf16_linear(q[:m], k[:n], order="amx"))
+
+
 # (batch, new tokens, query heads, key/value heads, head size, span): head sizes with unrolled loops
 # (64, 128, 256) and without (16, 48: a last block of 16 columns); up to 9 query heads per key/value
-# head (more than the kernel attends together) and groups that a split of the rows cuts
+# head (more than the kernel attends together) and groups that a split of the rows cuts; on the amx
+# tier (scores on tiles for head sizes 32 to 128) more than 16 rows per key/value head (several
+# query tiles) and spans that end inside a block of 16 keys
 ATTENTION_SHAPES = [
     (1, 1, 12, 2, 128, 70),
     (1, 5, 12, 2, 128, 40),
+    (2, 8, 12, 2, 128, 75),
+    (1, 5, 8, 1, 32, 41),
     (2, 3, 4, 2, 64, 37),
     (1, 2, 9, 1, 256, 20),
     (2, 2, 6, 3, 48, 25),

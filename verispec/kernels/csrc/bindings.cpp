@@ -28,6 +28,10 @@ void q4k_prefill_amx(const uint8_t*, const Bf16Args&, int64_t, int64_t) { TORCH_
 void int8_prefill_amx(const uint8_t*, const float*, const Bf16Args&, int64_t, int64_t) {
   TORCH_CHECK(false, "this tier has no AMX");
 }
+void attention_rows_amx(const AttnArgs& a, int64_t begin, int64_t end) { attention_rows(a, begin, end); }
+void attention_scores_amx(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*) {
+  TORCH_CHECK(false, "this tier has no AMX");
+}
 #endif
 #if VS_VEC_DPBF16
 constexpr bool kHasDpbf16 = true;  // the avx512bf16 tier: its bf16 kernel multiplies bf16 pairs (VDPBF16PS)
@@ -396,9 +400,9 @@ at::Tensor int8_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, co
 
 // ------------------------------------------------------------------------------------ attention
 
-// Attention one query row at a time (vec/attention.cpp), every tier's decoding steps and
-// verification passes: q [B, T, H, D] (or [M, H, D], M = B T; contiguous), the keys and values of
-// batch row b and kv head g at k + (rows[b]) * k_sb + g * k_sh (likewise v; rows null: b itself),
+// Attention one query row at a time (vec/attention.cpp; on the amx tier bf16 rows take their scores
+// from AMX tiles, amx/attention_scores.cpp), every tier's decoding steps and verification passes:
+// q [B, T, H, D] (or [M, H, D], M = B T; contiguous), the keys and values of batch row b and kv head g at k + (rows[b]) * k_sb + g * k_sh (likewise v; rows null: b itself),
 // D values per position, visible [B, T, span] contiguous -> [B, T, H, D] in q's dtype.
 at::Tensor attention_of_rows(const at::Tensor& q, const void* k, int64_t k_sb, int64_t k_sh, const void* v,
                              int64_t v_sb, int64_t v_sh, const int64_t* rows, const at::Tensor& visible, int64_t b,
@@ -424,7 +428,7 @@ at::Tensor attention_of_rows(const at::Tensor& q, const void* k, int64_t k_sb, i
   a.span = span;
   a.scale = static_cast<float>(scale);
   a.bf16 = q.scalar_type() == at::kBFloat16;
-  at::parallel_for(0, b * t * h, 1, [&](int64_t s, int64_t e) { attention_rows(a, s, e); });
+  at::parallel_for(0, b * t * h, 1, [&](int64_t s, int64_t e) { attention_rows_amx(a, s, e); });
   return out;
 }
 
@@ -458,6 +462,21 @@ at::Tensor attention_by_row(const at::Tensor& q, const at::Tensor& k, const at::
 
 const uint16_t* bf16_pointer(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
 uint16_t* bf16_pointer_mut(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+// The amx tier's attention scores alone (amx/attention_scores.cpp), unscaled, for tests: q [M, D] and
+// k [N, D] bf16, D = 32, 64, 96 or 128 -> [M, N] fp32.
+at::Tensor attention_scores(const at::Tensor& q, const at::Tensor& k) {
+  TORCH_CHECK(kHasAmx && amx_permitted(), "the AMX attention scores need the amx tier and AMX permitted");
+  TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
+                  q.size(1) == k.size(1) && q.device().is_cpu() && k.device().is_cpu(),
+              "expected q [M, D] and k [N, D] bf16 CPU tensors");
+  const int64_t d = q.size(1);
+  TORCH_CHECK(d % 32 == 0 && d >= 32 && d <= 128, "head size must be 32, 64, 96 or 128, got ", d);
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous();
+  at::Tensor out = at::empty({q.size(0), k.size(0)}, q.options().dtype(at::kFloat));
+  attention_scores_amx(bf16_pointer(qc), q.size(0), bf16_pointer(kc), k.size(0), d, out.data_ptr<float>());
+  return out;
+}
 
 void check_bf16_cpu(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.device().is_cpu(), what, " must be a bf16 CPU tensor");
@@ -720,6 +739,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [M, K] bf16 times the Q4_K weights dequantised to bf16 (round to nearest even), summed on AMX bf16 "
         "tiles as bf16_linear, + bias -> [M, N] bf16: the amx tier's path for a prompt's rows",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"));
+  m.def("attention_scores", &verispec::attention_scores,
+        "q [M, D], k [N, D] bf16 -> [M, N] fp32: the amx tier's attention scores, unscaled (tests)");
   m.def("attention_rows", &verispec::attention_by_row,
         "q [B, T, H, D], k/v [B, H_kv, span, D], visible [B, T, span] bool, scale -> [B, T, H, D]: softmax "
         "attention one query row at a time in a fixed order (batch-invariant)");

@@ -16,10 +16,12 @@
 //   l = sum_j p_j                   (16 lanes in parallel over j, then the fixed lane reduction)
 //   o = (sum_j p_j v_j) / l         (fp32 vector FMAs in order of j), rounded to the output dtype
 // All in fp32 from bf16 (or fp32) inputs.
+// (On the amx tier, bf16 rows with a head size of 32 to 128 take their scores from AMX tiles,
+// amx/attention_scores.cpp, in another order, and the rest from here: attention_weigh.)
 //
 // Speed, with the same operations per row: the query heads that share a key/value head (grouped-
-// query attention) at the same position see the same keys and values, so up to kGroupRows of them
-// go together: each key and value row is loaded and widened once for all of them, and their dot
+// query attention) at the same position see the same keys and values, so up to kAttnGroupRows of
+// them go together: each key and value row is loaded and widened once for all of them, and their dot
 // products are independent chains of FMAs instead of one chain waiting on each FMA's latency.
 // The dot products of 16 keys are reduced together (vec.h's reduce_add16, the same trees): the
 // kernel alone 0.69x at T = 1 and 0.70x at T = 8 over 2048 keys on an Intel Xeon with AMX
@@ -37,7 +39,6 @@ namespace {
 using namespace vec;
 
 constexpr int kMaxHeadDim = 256;
-constexpr int kGroupRows = 8;  // query rows attended together (sharing their keys and values)
 // The values are weighed 32 columns at a time (the registers hold no more for 8 rows), so each
 // value row is read D / 32 times, 64 bytes each time: a strided stream the hardware prefetchers
 // follow poorly once the cache no longer holds the layer's values (a decode pass reads them back
@@ -172,12 +173,13 @@ void weigh_columns(const AttnArgs& a, int64_t row0, const float* p, const int32_
   }
 }
 
-// The attention of NR consecutive query rows from row0 sharing their keys and values.
-template <int VD, int NR, bool BF16>
-void attend(const AttnArgs& a, int64_t row0, float* score, int32_t* index) {
-  float m[NR], l[NR];
-  const int64_t n = score_rows<VD, NR, BF16>(a, row0, score, index, m);
-  for (int r = 0; r < NR; ++r) {  // p_j = exp(s_j - m) in place of s_j, and l = sum_j p_j
+// The attention of NR consecutive query rows from row0 sharing their keys and values, from their
+// scores (score[r * span + u] for the u-th of the n visible keys, at position index[u]) and maxima
+// m[r]: p_j = exp(s_j - m) in place of s_j, l = sum_j p_j, then o.
+template <int NR, bool BF16>
+void weigh(const AttnArgs& a, int64_t row0, float* score, const int32_t* index, int64_t n, const float* m) {
+  float l[NR];
+  for (int r = 0; r < NR; ++r) {
     float* pr = score + r * a.span;
     const F16 mv = set1(m[r]);
     F16 lsum = zero();
@@ -192,6 +194,14 @@ void attend(const AttnArgs& a, int64_t row0, float* score, int32_t* index) {
   int64_t col = 0;
   for (; col + 32 <= a.D; col += 32) weigh_columns<NR, 2, BF16>(a, row0, score, index, n, l, col);
   if (col < a.D) weigh_columns<NR, 1, BF16>(a, row0, score, index, n, l, col);
+}
+
+// The attention of NR consecutive query rows from row0 sharing their keys and values.
+template <int VD, int NR, bool BF16>
+void attend(const AttnArgs& a, int64_t row0, float* score, int32_t* index) {
+  float m[NR];
+  const int64_t n = score_rows<VD, NR, BF16>(a, row0, score, index, m);
+  weigh<NR, BF16>(a, row0, score, index, n, m);
 }
 
 template <int VD, bool BF16>
@@ -218,22 +228,45 @@ void attend_any(const AttnArgs& a, int64_t row0, int nr, float* score, int32_t* 
   }
 }
 
+template <bool BF16>
+void weigh_rows(const AttnArgs& a, int64_t row0, int nr, float* score, const int32_t* index, int64_t n,
+                const float* m) {
+  switch (nr) {
+    case 1: return weigh<1, BF16>(a, row0, score, index, n, m);
+    case 2: return weigh<2, BF16>(a, row0, score, index, n, m);
+    case 3: return weigh<3, BF16>(a, row0, score, index, n, m);
+    case 4: return weigh<4, BF16>(a, row0, score, index, n, m);
+    case 5: return weigh<5, BF16>(a, row0, score, index, n, m);
+    case 6: return weigh<6, BF16>(a, row0, score, index, n, m);
+    case 7: return weigh<7, BF16>(a, row0, score, index, n, m);
+    default: return weigh<8, BF16>(a, row0, score, index, n, m);
+  }
+}
+
 }  // namespace
 
 void attention_rows(const AttnArgs& a, int64_t begin, int64_t end) {
-  std::vector<float> score(kGroupRows * a.span);
+  std::vector<float> score(kAttnGroupRows * a.span);
   std::vector<int32_t> index(a.span);
   const int64_t group = a.H / a.Hkv;  // query heads per key/value head
   for (int64_t row = begin; row < end;) {
     // the rows from here that share this row's keys: the rest of its head group, within [begin, end)
     const int64_t in_group = group - (row % a.H) % group;
-    const int nr = static_cast<int>(std::min<int64_t>({kGroupRows, in_group, end - row}));
+    const int nr = static_cast<int>(std::min<int64_t>({kAttnGroupRows, in_group, end - row}));
     if (a.bf16)
       attend_any<true>(a, row, nr, score.data(), index.data());
     else
       attend_any<false>(a, row, nr, score.data(), index.data());
     row += nr;
   }
+}
+
+void attention_weigh(const AttnArgs& a, int64_t row0, int nr, float* score, const int32_t* index, int64_t n,
+                     const float* m) {
+  if (a.bf16)
+    weigh_rows<true>(a, row0, nr, score, index, n, m);
+  else
+    weigh_rows<false>(a, row0, nr, score, index, n, m);
 }
 
 }  // namespace verispec
