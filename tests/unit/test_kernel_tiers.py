@@ -109,7 +109,7 @@ def test_each_tier_equals_the_portable_one_bit_for_bit(tier: str, results: dict[
 
 
 # Results a tier computes in another order whose rounding may or may not show in its bf16 output: the
-# amx tier's bf16 attention scores come from AMX tiles (csrc/amx/attention_scores.cpp; head size 64
+# amx tier's bf16 attention scores come from AMX tiles (csrc/amx/attention_tiles.cpp; head size 64
 # here, while the head size 48 keeps the vectors' order)
 MAY_DIFFER = {"amx": (f"attention {torch.bfloat16}",)}
 

@@ -713,7 +713,7 @@ def test_fused_projections_equal_the_parts() -> None:
 
 @pytest.mark.parametrize("d", [32, 64, 96, 128])
 def test_the_amx_attention_scores_are_the_bf16_dot_products_in_amx_order(d: int) -> None:
-    """The amx tier's attention scores (csrc/amx/attention_scores.cpp): each query row's dot
+    """The amx tier's attention scores (csrc/amx/attention_tiles.cpp): each query row's dot
     products with the keys in TDPBF16PS's order (the bf16 kernel's reference), bit for bit, with
     several query tiles and key counts that end inside a tile. Other tiers refuse the call."""
     from verispec.kernels.linear import reference_bf16_linear

@@ -85,7 +85,7 @@ _AVX512_CPU = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vn
 TIERS: tuple[Tier, ...] = (
     Tier(
         "amx",
-        ("amx/w8a8.cpp", "amx/q4k.cpp", "amx/bf16.cpp", "amx/prefill.cpp", "amx/attention_scores.cpp", *_VECTOR_TIER),
+        ("amx/w8a8.cpp", "amx/q4k.cpp", "amx/bf16.cpp", "amx/prefill.cpp", "amx/attention_tiles.cpp", *_VECTOR_TIER),
         (*_AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mamx-int8", "-DVS_TIER_AMX=1"),
         (*_AVX512_CPU, "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"),
         bf16_order="amx",

@@ -401,7 +401,7 @@ at::Tensor int8_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, co
 // ------------------------------------------------------------------------------------ attention
 
 // Attention one query row at a time (vec/attention.cpp; on the amx tier bf16 rows take their scores
-// from AMX tiles, amx/attention_scores.cpp), every tier's decoding steps and verification passes:
+// from AMX tiles, amx/attention_tiles.cpp), every tier's decoding steps and verification passes:
 // q [B, T, H, D] (or [M, H, D], M = B T; contiguous), the keys and values of batch row b and kv head g at k + (rows[b]) * k_sb + g * k_sh (likewise v; rows null: b itself),
 // D values per position, visible [B, T, span] contiguous -> [B, T, H, D] in q's dtype.
 at::Tensor attention_of_rows(const at::Tensor& q, const void* k, int64_t k_sb, int64_t k_sh, const void* v,
@@ -463,7 +463,7 @@ at::Tensor attention_by_row(const at::Tensor& q, const at::Tensor& k, const at::
 const uint16_t* bf16_pointer(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
 uint16_t* bf16_pointer_mut(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
-// The amx tier's attention scores alone (amx/attention_scores.cpp), unscaled, for tests: q [M, D] and
+// The amx tier's attention scores alone (amx/attention_tiles.cpp), unscaled, for tests: q [M, D] and
 // k [N, D] bf16, D = 32, 64, 96 or 128 -> [M, N] fp32.
 at::Tensor attention_scores(const at::Tensor& q, const at::Tensor& k) {
   TORCH_CHECK(kHasAmx && amx_permitted(), "the AMX attention scores need the amx tier and AMX permitted");

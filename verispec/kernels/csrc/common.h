@@ -206,13 +206,13 @@ struct AttnArgs {
 };
 void attention_rows(const AttnArgs& a, int64_t begin, int64_t end);  // rows (b * T + t) * H + h
 constexpr int kAttnGroupRows = 8;  // query rows attended together (sharing their keys and values)
-// The part after the scores, for nr (1..kAttnGroupRows) consecutive rows from row0 that share their
-// keys, values and visible positions: score[r * span + u] the scaled score of row r and the u-th
-// of the n visible keys (position index[u]), m[r] the row's largest; score is overwritten.
-void attention_weigh(const AttnArgs& a, int64_t row0, int nr, float* score, const int32_t* index, int64_t n,
-                     const float* m);
-// The amx tier's (amx/attention_scores.cpp): the scores of bf16 rows with a head size of 32, 64, 96 or 128
-// on AMX tiles, then attention_weigh; other rows as attention_rows.
+// The softmax of nr (1..kAttnGroupRows) rows that share their n visible keys: score[r * span + u]
+// the scaled score of row r and the u-th of them, m[r] the row's largest; p = exp(s - m[r]) in place
+// of the scores, and l[r] = the sum of a row's p.
+void attention_softmax(const AttnArgs& a, int nr, float* score, int64_t n, const float* m, float* l);
+// The amx tier's (amx/attention_tiles.cpp): bf16 rows with a head size of 32, 64, 96 or 128 take
+// their scores and values on AMX tiles and their softmax from attention_softmax; other rows as
+// attention_rows.
 void attention_rows_amx(const AttnArgs& a, int64_t begin, int64_t end);
 // Its scores alone, unscaled, for tests: q [m, d] and k [n, d] bf16 (d = 32, 64, 96 or 128) ->
 // out [m, n] fp32.

@@ -16,8 +16,8 @@
 //   l = sum_j p_j                   (16 lanes in parallel over j, then the fixed lane reduction)
 //   o = (sum_j p_j v_j) / l         (fp32 vector FMAs in order of j), rounded to the output dtype
 // All in fp32 from bf16 (or fp32) inputs.
-// (On the amx tier, bf16 rows with a head size of 32 to 128 take their scores from AMX tiles,
-// amx/attention_scores.cpp, in another order, and the rest from here: attention_weigh.)
+// (On the amx tier, bf16 rows with a head size of 32 to 128 take their scores and values from AMX
+// tiles, amx/attention_tiles.cpp, in another order, and their softmax from here.)
 //
 // Speed, with the same operations per row: the query heads that share a key/value head (grouped-
 // query attention) at the same position see the same keys and values, so up to kAttnGroupRows of
@@ -173,13 +173,10 @@ void weigh_columns(const AttnArgs& a, int64_t row0, const float* p, const int32_
   }
 }
 
-// The attention of NR consecutive query rows from row0 sharing their keys and values, from their
-// scores (score[r * span + u] for the u-th of the n visible keys, at position index[u]) and maxima
-// m[r]: p_j = exp(s_j - m) in place of s_j, l = sum_j p_j, then o.
-template <int NR, bool BF16>
-void weigh(const AttnArgs& a, int64_t row0, float* score, const int32_t* index, int64_t n, const float* m) {
-  float l[NR];
-  for (int r = 0; r < NR; ++r) {
+// p_j = exp(s_j - m[r]) in place of the scores s_j of nr rows (score[r * span + u], u < n), and
+// l[r] = sum_j p_j (16 lanes over j, then the fixed lane reduction; 1 when no key is visible).
+void softmax_rows(const AttnArgs& a, int nr, float* score, int64_t n, const float* m, float* l) {
+  for (int r = 0; r < nr; ++r) {
     float* pr = score + r * a.span;
     const F16 mv = set1(m[r]);
     F16 lsum = zero();
@@ -191,6 +188,15 @@ void weigh(const AttnArgs& a, int64_t row0, float* score, const int32_t* index, 
     }
     l[r] = n ? reduce_add(lsum) : 1.0f;
   }
+}
+
+// The attention of NR consecutive query rows from row0 sharing their keys and values, from their
+// scores (score[r * span + u] for the u-th of the n visible keys, at position index[u]) and maxima
+// m[r]: the softmax, then o.
+template <int NR, bool BF16>
+void weigh(const AttnArgs& a, int64_t row0, float* score, const int32_t* index, int64_t n, const float* m) {
+  float l[NR];
+  softmax_rows(a, NR, score, n, m, l);
   int64_t col = 0;
   for (; col + 32 <= a.D; col += 32) weigh_columns<NR, 2, BF16>(a, row0, score, index, n, l, col);
   if (col < a.D) weigh_columns<NR, 1, BF16>(a, row0, score, index, n, l, col);
@@ -228,21 +234,6 @@ void attend_any(const AttnArgs& a, int64_t row0, int nr, float* score, int32_t* 
   }
 }
 
-template <bool BF16>
-void weigh_rows(const AttnArgs& a, int64_t row0, int nr, float* score, const int32_t* index, int64_t n,
-                const float* m) {
-  switch (nr) {
-    case 1: return weigh<1, BF16>(a, row0, score, index, n, m);
-    case 2: return weigh<2, BF16>(a, row0, score, index, n, m);
-    case 3: return weigh<3, BF16>(a, row0, score, index, n, m);
-    case 4: return weigh<4, BF16>(a, row0, score, index, n, m);
-    case 5: return weigh<5, BF16>(a, row0, score, index, n, m);
-    case 6: return weigh<6, BF16>(a, row0, score, index, n, m);
-    case 7: return weigh<7, BF16>(a, row0, score, index, n, m);
-    default: return weigh<8, BF16>(a, row0, score, index, n, m);
-  }
-}
-
 }  // namespace
 
 void attention_rows(const AttnArgs& a, int64_t begin, int64_t end) {
@@ -261,12 +252,8 @@ void attention_rows(const AttnArgs& a, int64_t begin, int64_t end) {
   }
 }
 
-void attention_weigh(const AttnArgs& a, int64_t row0, int nr, float* score, const int32_t* index, int64_t n,
-                     const float* m) {
-  if (a.bf16)
-    weigh_rows<true>(a, row0, nr, score, index, n, m);
-  else
-    weigh_rows<false>(a, row0, nr, score, index, n, m);
+void attention_softmax(const AttnArgs& a, int nr, float* score, int64_t n, const float* m, float* l) {
+  softmax_rows(a, nr, score, n, m, l);
 }
 
 }  // namespace verispec
