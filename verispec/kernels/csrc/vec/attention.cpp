@@ -173,41 +173,15 @@ void weigh_columns(const AttnArgs& a, int64_t row0, const float* p, const int32_
   }
 }
 
-// p_j = exp(s_j - m[r]) in place of the scores s_j of nr rows (score[r * span + u], u < n), and
-// l[r] = sum_j p_j (16 lanes over j, then the fixed lane reduction; 1 when no key is visible).
-void softmax_rows(const AttnArgs& a, int nr, float* score, int64_t n, const float* m, float* l) {
-  for (int r = 0; r < nr; ++r) {
-    float* pr = score + r * a.span;
-    const F16 mv = set1(m[r]);
-    F16 lsum = zero();
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      const int cnt = static_cast<int>(std::min<int64_t>(16, n - j0));
-      const F16 p = keep_first(vec::exp(sub(load_n(pr + j0, cnt), mv)), cnt);
-      lsum = add(lsum, p);
-      store_n(pr + j0, p, cnt);
-    }
-    l[r] = n ? reduce_add(lsum) : 1.0f;
-  }
-}
-
-// The attention of NR consecutive query rows from row0 sharing their keys and values, from their
-// scores (score[r * span + u] for the u-th of the n visible keys, at position index[u]) and maxima
-// m[r]: the softmax, then o.
-template <int NR, bool BF16>
-void weigh(const AttnArgs& a, int64_t row0, float* score, const int32_t* index, int64_t n, const float* m) {
-  float l[NR];
-  softmax_rows(a, NR, score, n, m, l);
-  int64_t col = 0;
-  for (; col + 32 <= a.D; col += 32) weigh_columns<NR, 2, BF16>(a, row0, score, index, n, l, col);
-  if (col < a.D) weigh_columns<NR, 1, BF16>(a, row0, score, index, n, l, col);
-}
-
 // The attention of NR consecutive query rows from row0 sharing their keys and values.
 template <int VD, int NR, bool BF16>
 void attend(const AttnArgs& a, int64_t row0, float* score, int32_t* index) {
-  float m[NR];
+  float m[NR], l[NR];
   const int64_t n = score_rows<VD, NR, BF16>(a, row0, score, index, m);
-  weigh<NR, BF16>(a, row0, score, index, n, m);
+  attention_softmax(a, NR, score, n, m, l);  // p_j = exp(s_j - m) in place of s_j, and l = sum_j p_j
+  int64_t col = 0;
+  for (; col + 32 <= a.D; col += 32) weigh_columns<NR, 2, BF16>(a, row0, score, index, n, l, col);
+  if (col < a.D) weigh_columns<NR, 1, BF16>(a, row0, score, index, n, l, col);
 }
 
 template <int VD, bool BF16>
@@ -252,8 +226,21 @@ void attention_rows(const AttnArgs& a, int64_t begin, int64_t end) {
   }
 }
 
+// p_j = exp(s_j - m[r]) in place of each row's scores, l[r] = sum_j p_j (16 lanes over j, then
+// the fixed lane reduction; 1 when no key is visible).
 void attention_softmax(const AttnArgs& a, int nr, float* score, int64_t n, const float* m, float* l) {
-  softmax_rows(a, nr, score, n, m, l);
+  for (int r = 0; r < nr; ++r) {
+    float* pr = score + r * a.span;
+    const F16 mv = set1(m[r]);
+    F16 lsum = zero();
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      const int cnt = static_cast<int>(std::min<int64_t>(16, n - j0));
+      const F16 p = keep_first(vec::exp(sub(load_n(pr + j0, cnt), mv)), cnt);
+      lsum = add(lsum, p);
+      store_n(pr + j0, p, cnt);
+    }
+    l[r] = n ? reduce_add(lsum) : 1.0f;
+  }
 }
 
 }  // namespace verispec
