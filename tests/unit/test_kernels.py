@@ -778,6 +778,44 @@ def test_attention_is_softmax_attention(kernels: object, shape: tuple[int, ...],
         assert (got[-1, -1] == 0).all()
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_attention_depends_on_its_visible_keys_in_order_not_on_where_they_lie(
+    kernels: object, d: int, dtype: torch.dtype
+) -> None:
+    """A token tree verified in one pass: each node sees the prompt and its ancestors, which lie
+    among the other nodes; decoding the same path as a chain puts the same keys and values side by
+    side. Each node's output must be the chain's last row, bit for bit (greedy tree speculation
+    equals plain decoding), while the other nodes, which see other keys, share its pass. (Paths
+    cross a block of 16 positions in one layout and not in the other; bf16 outputs hide most fp32
+    differences, so 40 draws: a kernel that summed by position failed about 1 node in 70.)"""
+    heads, kv_heads, prompt, span = 12, 2, 44, 60
+    parents = [-1, 0, 0, 1, 2, 2, 3, 5, 4, 8, 7]  # nodes at positions prompt, prompt + 1, ...
+    t = len(parents)
+    paths = []
+    for node in range(t):
+        path = [node]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        paths.append(path)
+    visible = torch.zeros(1, t, span, dtype=torch.bool)
+    for node, path in enumerate(paths):
+        visible[0, node, :prompt] = True
+        visible[0, node, [prompt + p for p in path]] = True
+    attend = kernels.attention_rows  # type: ignore[attr-defined]
+    for seed in range(40):
+        gen = torch.Generator().manual_seed(seed)
+        q = (2 * torch.randn(1, t, heads, d, generator=gen)).to(dtype)
+        k = (2 * torch.randn(1, kv_heads, span, d, generator=gen)).to(dtype)
+        v = torch.randn(1, kv_heads, span, d, generator=gen).to(dtype)
+        tree = attend(q, k, v, visible, d**-0.5)
+        for node, path in enumerate(paths):
+            order = list(range(prompt)) + [prompt + p for p in path]  # the chain's cache: the path after the prompt
+            everything = torch.ones(1, 1, len(order), dtype=torch.bool)
+            chain = attend(q[:, node : node + 1], k[:, :, order], v[:, :, order], everything, d**-0.5)
+            assert torch.equal(chain[0, 0], tree[0, node]), (seed, node)
+
+
 @pytest.mark.parametrize("shape", ATTENTION_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # fp32 outputs show every rounding
 def test_attention_rows_do_not_depend_on_the_other_rows(

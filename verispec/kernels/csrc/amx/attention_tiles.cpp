@@ -25,13 +25,16 @@
 // order, their maximum m, p_j = exp(s_j - m) and l = sum_j p_j in fp32.
 //
 // Values. Each p_j is split into two bf16, hi = bf16(p_j) and lo = bf16(p_j - hi) (nearest even;
-// hi + lo is p_j to about 2^-17 of it), a row's A operand holding the pair (hi, lo) of key j at
-// every position the row may see and (0, 0) elsewhere, and the B operand each value twice, so one
-// TDPBF16PS adds hi v + lo v (both products exact) for 16 keys x 16 dimensions; C accumulates over
-// the key blocks j = 0, 16, ... in order from 0, o = C / l (fp32), rounded to bf16. A position a
-// row does not see adds exact zeros (its value is finite: every position before the last one a
-// row of the pass sees was written), so a row's sums do not depend on how far the other rows
-// of its tile see.
+// hi + lo is p_j to about 2^-17 of it), and weighed in the order of the row's visible keys (not of
+// their positions): a tile's rows see each a prefix of one sequence of keys (a chain's rows the
+// first n positions, a tree's rows on one path their ancestors; runs that do not fit start a new
+// tile), a row's A operand holds the pair (hi, lo) of its u-th visible key at u and (0, 0) past
+// its last, and the B operand the u-th key's value twice, so one TDPBF16PS adds hi v + lo v (both
+// products exact) for 16 keys x 16 dimensions; C accumulates over u = 0, 16, ... in order from 0,
+// o = C / l (fp32), rounded to bf16. The keys past a row's last add exact zeros (their values are
+// finite when the model's are: another row of the pass sees them), so a row's sums depend on its
+// own visible keys in order alone: a tree's node gets the bits of the chain decoding its path
+// (tested), whose keys lie side by side.
 //
 // Each C element is computed from its own row's data alone, so a row's result is the same whichever
 // rows share its tiles: a verification pass computes the bits of the decoding steps it stands for
@@ -142,21 +145,28 @@ int64_t visible_positions(const uint8_t* vis, int64_t span, int32_t* index) {
   return n;
 }
 
-// 1 + the last position vis (span bytes) shows, or 0.
-int64_t visible_end(const uint8_t* vis, int64_t span) {
-  for (int64_t j = span; j > 0; --j)
-    if (vis[j - 1]) return j;
-  return 0;
-}
-
 // A thread's buffers for attention_rows_amx.
 struct Scratch {
-  std::vector<float> s;         // C tiles of the scores: [keys, 16]
-  std::vector<float> score;     // a run's scores, then weights, of its visible keys: [kAttnGroupRows, span]
-  std::vector<int32_t> index;   // a run's visible positions (span + 16)
-  std::vector<uint32_t> w;      // the query rows' weights as A operands: [rows, keys] (hi, lo) pairs
+  std::vector<float> s;           // C tiles of the scores: [keys, 16]
+  std::vector<float> score;       // a run's scores, then weights, of its visible keys: [kAttnGroupRows, span]
+  std::vector<int32_t> keys;      // the tile's visible positions in order, the longest run's (span + 16)
+  std::vector<int32_t> next;      // the next run's (span + 16)
+  std::vector<uint32_t> w;        // the query rows' weights as A operands: [rows, visible keys] (hi, lo) pairs
   alignas(64) uint32_t qt[kMaxSteps * 16 * kQueries];  // the queries as B tiles
   alignas(64) float o[kQueries * 32 * kMaxSteps];       // o before its division by l: [rows, D]
+};
+
+// A query tile: up to 16 query rows of one batch row and key/value head, in runs of one new
+// token's consecutive heads (the same visible keys), whose visible positions are each a prefix of
+// one sequence (the tile's keys: a chain's rows see the first n positions, a tree's rows on one
+// path their ancestors), so that every row's values are weighed in the order of its own visible
+// keys, as the row alone would weigh them.
+struct Tile {
+  int nq = 0, runs = 0;
+  int64_t rows[kQueries];
+  int start[kQueries + 1];  // run r: rows [start[r], start[r + 1])
+  int64_t seen[kQueries];   // run r sees the first seen[r] of the tile's keys
+  int64_t count = 0;        // the tile's keys (the longest run's)
 };
 
 // ---- values: o = sum_j p_j v_j on tiles, p_j as the sum of two bf16 (hi, lo)
@@ -177,59 +187,55 @@ inline __m512i weight_pairs(__m512 p) {
   return _mm512_or_si512(hi, _mm512_slli_epi32(lo, 16));
 }
 
-// A query row's weights as an A operand over keys [0, keys): position j's pair at row[j], zero where
-// the row sees nothing; p: its weights of the n visible keys in order (their positions in index).
-void weight_row(const float* p, const int32_t* index, int64_t n, int64_t keys, uint32_t* row) {
-  const bool prefix = n == 0 || index[n - 1] == n - 1;  // (a chain's: the first n positions)
-  if (!prefix) std::memset(row, 0, static_cast<size_t>(keys) * 4);
+// A query row's weights as an A operand over the tile's keys: its n weights (of the first n keys) as
+// (hi, lo) pairs, then zeros up to `keys`.
+void weight_row(const float* p, int64_t n, int64_t keys, uint32_t* row) {
   for (int64_t u = 0; u < n; u += 16) {
     const int cnt = static_cast<int>(std::min<int64_t>(16, n - u));
     const __mmask16 k = cnt == 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1);
-    const __m512i w = weight_pairs(_mm512_maskz_loadu_ps(k, p + u));
-    if (prefix)
-      _mm512_mask_storeu_epi32(row + u, k, w);
-    else
-      _mm512_mask_i32scatter_epi32(row, k, _mm512_maskz_loadu_epi32(k, index + u), w, 4);
+    _mm512_mask_storeu_epi32(row + u, k, weight_pairs(_mm512_maskz_loadu_ps(k, p + u)));
   }
-  if (prefix) std::memset(row + n, 0, static_cast<size_t>(keys - n) * 4);
+  std::memset(row + n, 0, static_cast<size_t>(keys - n) * 4);
 }
 
-// The values of keys [j0, j0 + 16) (d each, at v; keys from `seen` on are taken as zeros: they may
-// never have been written), dimensions [d0, d0 + 16 NC), each value twice, as NC B tiles at dup
-// (tile c: 16 rows of 32 bf16 at dup + 512 c).
+// The values of the tile's keys [u0, u0 + 16) (positions at, `count` of them: zeros past it; d
+// values each at v), dimensions [d0, d0 + 16 NC), each value twice, as NC B tiles at dup (tile c:
+// 16 rows of 32 bf16 at dup + 512 c).
 template <int NC>
-inline void doubled_values(const uint16_t* v, int64_t d, int64_t j0, int64_t seen, int64_t d0, uint16_t* dup) {
+inline void doubled_values(const uint16_t* v, int64_t d, const int32_t* at, int64_t u0, int64_t count, int64_t d0,
+                           uint16_t* dup) {
   const __m512i twice = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5,
                                          4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   for (int i = 0; i < kKeys; ++i) {
-    const uint16_t* row = v + (j0 + i) * d + d0;
+    const bool real = u0 + i < count;
+    const uint16_t* row = v + (real ? at[u0 + i] : 0) * d + d0;
     for (int c = 0; c < NC; ++c) {
-      const __m512i w = j0 + i < seen
-                            ? _mm512_permutexvar_epi16(twice, _mm512_castsi256_si512(_mm256_loadu_si256(
-                                                                  reinterpret_cast<const __m256i*>(row + 16 * c))))
-                            : _mm512_setzero_si512();
+      const __m512i w = real ? _mm512_permutexvar_epi16(twice, _mm512_castsi256_si512(_mm256_loadu_si256(
+                                                                   reinterpret_cast<const __m256i*>(row + 16 * c))))
+                             : _mm512_setzero_si512();
       _mm512_store_si512(dup + 512 * c + 32 * i, w);
     }
   }
 }
 
 // o's dimensions [d0, d0 + 16 NC) of the rows the tiles are configured with: the weight rows at w
-// (stride `keys` pairs) against the values of keys [0, keys), stored at o (fp32, row stride d).
+// (stride `keys` pairs, keys: count rounded up to 16) against the values of the tile's keys
+// (positions at), stored at o (fp32, row stride d).
 template <int NC>
-void value_columns(const uint16_t* v, int64_t d, int64_t keys, int64_t seen, int64_t d0, const uint32_t* w,
-                   float* o) {
+void value_columns(const uint16_t* v, int64_t d, const int32_t* at, int64_t count, int64_t keys, int64_t d0,
+                   const uint32_t* w, float* o) {
   alignas(64) uint16_t dup[4 * 512];
   _tile_zero(0);
   if constexpr (NC > 1) _tile_zero(1);
   if constexpr (NC > 2) _tile_zero(2);
   if constexpr (NC > 3) _tile_zero(3);
-  for (int64_t j0 = 0; j0 < keys; j0 += kKeys) {
-    if (j0 + (kAhead + 1) * kKeys <= seen)  // (the values stream from memory in a decoding pass)
+  for (int64_t u0 = 0; u0 < keys; u0 += kKeys) {
+    if (u0 + (kAhead + 1) * kKeys <= count)  // (the values stream from memory in a decoding pass)
       for (int i = 0; i < kKeys; ++i)
         for (int line = 0; line < 32 * NC; line += 32)
-          _mm_prefetch(reinterpret_cast<const char*>(v + (j0 + kAhead * kKeys + i) * d + d0 + line), _MM_HINT_T0);
-    doubled_values<NC>(v, d, j0, seen, d0, dup);
-    VS_TILE_LOADD(4, w + j0, keys * 4);
+          _mm_prefetch(reinterpret_cast<const char*>(v + at[u0 + kAhead * kKeys + i] * d + d0 + line), _MM_HINT_T0);
+    doubled_values<NC>(v, d, at, u0, count, d0, dup);
+    VS_TILE_LOADD(4, w + u0, keys * 4);
     VS_TILE_LOADD(5, dup, 64);
     _tile_dpbf16ps(0, 4, 5);
     if constexpr (NC > 1) {
@@ -252,65 +258,97 @@ void value_columns(const uint16_t* v, int64_t d, int64_t keys, int64_t seen, int
   __asm__ volatile("" ::: "memory");  // (the tile stores wrote o)
 }
 
-// The query rows rows[0 .. nq) (row indices of a.q: one batch row b, key/value head kvh) attended:
-// scores on tiles, the softmax on vectors (vec/attention.cpp), o on tiles.
+// A tile's query rows (of batch row b, key/value head kvh) attended: scores on tiles, the softmax on
+// vectors (vec/attention.cpp), o on tiles.
 template <int STEPS>
-void attend_keys(const AttnArgs& a, int64_t b, int64_t kvh, const int64_t* rows, int nq, Scratch& x) {
+void attend_tile(const AttnArgs& a, int64_t b, int64_t kvh, const Tile& tile, Scratch& x) {
   constexpr int64_t kD = 32 * STEPS;
+  const int nq = tile.nq;
+  const int32_t* at = x.keys.data();
   configure_score_tiles();
-  query_tiles(static_cast<const uint16_t*>(a.q), kD, rows, nq, x.qt);
+  query_tiles(static_cast<const uint16_t*>(a.q), kD, tile.rows, nq, x.qt);
   load_query_tiles(x.qt, STEPS);
-  int64_t seen = 0;  // the keys any of the rows sees lie before this
-  for (int c = 0; c < nq; ++c)
-    if (c == 0 || rows[c] / a.H != rows[c - 1] / a.H)
-      seen = std::max(seen, visible_end(a.visible + rows[c] / a.H * a.span, a.span));
-  const int64_t keys = (seen + kKeys - 1) / kKeys * kKeys;
+  // scores of every position up to the last one a row sees (a row's are its own whatever the others)
+  const int64_t last = tile.count ? at[tile.count - 1] + 1 : 0;
   const int64_t br = a.rows ? a.rows[b] : b;  // the buffer row holding this row's keys and values
-  key_scores<STEPS>(static_cast<const uint16_t*>(a.k) + br * a.k_sb + kvh * a.k_sh, a.span, keys, x.s.data());
-  // each run of rows of one new token (consecutive query heads, the same visible keys), up to
-  // kAttnGroupRows at a time: its scores of the visible keys in order, their softmax, its weights
+  key_scores<STEPS>(static_cast<const uint16_t*>(a.k) + br * a.k_sb + kvh * a.k_sh, a.span,
+                    (last + kKeys - 1) / kKeys * kKeys, x.s.data());
+  // each run: its scores of its visible keys in order, their softmax, its weights
   const __m512 scale = _mm512_set1_ps(a.scale);
+  const int64_t keys = (tile.count + kKeys - 1) / kKeys * kKeys;
   float l[kQueries];
   x.w.resize(static_cast<size_t>(nq * keys));
-  for (int c0 = 0; c0 < nq;) {
-    const int64_t bt = rows[c0] / a.H;
-    int nr = 1;
-    while (c0 + nr < nq && nr < kAttnGroupRows && rows[c0 + nr] == rows[c0] + nr && rows[c0 + nr] / a.H == bt)
-      ++nr;
-    int32_t* index = x.index.data();
-    const int64_t n = visible_positions(a.visible + bt * a.span, a.span, index);
+  for (int r = 0; r < tile.runs; ++r) {
+    const int c0 = tile.start[r], nr = tile.start[r + 1] - c0;
+    const int64_t n = tile.seen[r];
     float m[kAttnGroupRows];
-    for (int r = 0; r < nr; ++r) {
-      const __m512i column = _mm512_set1_epi32(c0 + r);
-      float* out = x.score.data() + r * a.span;
+    for (int i = 0; i < nr; ++i) {
+      const __m512i column = _mm512_set1_epi32(c0 + i);
+      float* out = x.score.data() + i * a.span;
       __m512 best = _mm512_set1_ps(-INFINITY);
       for (int64_t u = 0; u < n; u += 16) {
         const int cnt = static_cast<int>(std::min<int64_t>(16, n - u));
         const __mmask16 k = cnt == 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1);
-        const __m512i at = _mm512_add_epi32(_mm512_slli_epi32(_mm512_maskz_loadu_epi32(k, index + u), 4), column);
-        const __m512 v = _mm512_mul_ps(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, at, x.s.data(), 4), scale);
+        const __m512i j = _mm512_add_epi32(_mm512_slli_epi32(_mm512_maskz_loadu_epi32(k, at + u), 4), column);
+        const __m512 v = _mm512_mul_ps(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, j, x.s.data(), 4), scale);
         _mm512_mask_storeu_ps(out + u, k, v);
         best = _mm512_mask_max_ps(best, k, v, best);  // (a NaN score is passed over, as std::max does)
       }
-      m[r] = _mm512_reduce_max_ps(best);
+      m[i] = _mm512_reduce_max_ps(best);
     }
     attention_softmax(a, nr, x.score.data(), n, m, l + c0);
-    for (int r = 0; r < nr; ++r) weight_row(x.score.data() + r * a.span, index, n, keys, x.w.data() + (c0 + r) * keys);
-    c0 += nr;
+    for (int i = 0; i < nr; ++i) weight_row(x.score.data() + i * a.span, n, keys, x.w.data() + (c0 + i) * keys);
   }
-  // o = sum_j p_j v_j / l, 64 dimensions at a time
+  // o = sum_u p_u v_u / l over the tile's keys in order, 64 dimensions at a time
   configure_value_tiles(nq);
   const uint16_t* v = static_cast<const uint16_t*>(a.v) + br * a.v_sb + kvh * a.v_sh;
   float* o = x.o;
-  if constexpr (STEPS >= 2) value_columns<4>(v, kD, keys, seen, 0, x.w.data(), o);
-  if constexpr (STEPS == 1) value_columns<2>(v, kD, keys, seen, 0, x.w.data(), o);
-  if constexpr (STEPS == 3) value_columns<2>(v, kD, keys, seen, 64, x.w.data(), o);
-  if constexpr (STEPS == 4) value_columns<4>(v, kD, keys, seen, 64, x.w.data(), o);
+  if constexpr (STEPS >= 2) value_columns<4>(v, kD, at, tile.count, keys, 0, x.w.data(), o);
+  if constexpr (STEPS == 1) value_columns<2>(v, kD, at, tile.count, keys, 0, x.w.data(), o);
+  if constexpr (STEPS == 3) value_columns<2>(v, kD, at, tile.count, keys, 64, x.w.data(), o);
+  if constexpr (STEPS == 4) value_columns<4>(v, kD, at, tile.count, keys, 64, x.w.data(), o);
   for (int c = 0; c < nq; ++c) {
     const __m512 lc = _mm512_set1_ps(l[c]);
     for (int64_t d0 = 0; d0 < kD; d0 += 16)
-      store_columns(a.out, true, rows[c] * kD + d0, _mm512_div_ps(_mm512_load_ps(o + c * kD + d0), lc), 16);
+      store_columns(a.out, true, tile.rows[c] * kD + d0, _mm512_div_ps(_mm512_load_ps(o + c * kD + d0), lc), 16);
   }
+}
+
+template <int STEPS>
+void attend_rows_of(const AttnArgs& a, int64_t begin, int64_t end, Scratch& x) {
+  const int64_t group = a.H / a.Hkv;  // query heads per key/value head
+  const int64_t b0 = begin / a.H / a.T, b1 = (end - 1) / a.H / a.T;
+  Tile tile;
+  for (int64_t b = b0; b <= b1; ++b)
+    for (int64_t kvh = 0; kvh < a.Hkv; ++kvh) {
+      tile = Tile{};
+      for (int64_t t = 0; t < a.T; ++t) {
+        const int64_t bt = b * a.T + t;
+        // this token's query rows on key/value head kvh within [begin, end)
+        const int64_t h0 = std::max(bt * a.H + kvh * group, begin), h1 = std::min(bt * a.H + (kvh + 1) * group, end);
+        if (h0 >= h1) continue;
+        const int64_t n = visible_positions(a.visible + bt * a.span, a.span, x.next.data());
+        for (int64_t row = h0; row < h1;) {
+          const int nr = static_cast<int>(std::min<int64_t>(kAttnGroupRows, h1 - row));
+          const int64_t common = std::min(n, tile.count);
+          const bool fits = std::equal(x.next.begin(), x.next.begin() + common, x.keys.begin());
+          if (tile.nq + nr > kQueries || !fits) {
+            if (tile.nq) attend_tile<STEPS>(a, b, kvh, tile, x);
+            tile = Tile{};
+          }
+          if (n > tile.count) {
+            std::copy(x.next.begin(), x.next.begin() + n, x.keys.begin());
+            tile.count = n;
+          }
+          tile.start[tile.runs] = tile.nq;
+          tile.seen[tile.runs++] = n;
+          for (int i = 0; i < nr; ++i) tile.rows[tile.nq++] = row + i;
+          tile.start[tile.runs] = tile.nq;
+          row += nr;
+        }
+      }
+      if (tile.nq) attend_tile<STEPS>(a, b, kvh, tile, x);
+    }
 }
 
 }  // namespace
@@ -322,28 +360,14 @@ void attention_rows_amx(const AttnArgs& a, int64_t begin, int64_t end) {
   const int64_t padded = (a.span + kKeys - 1) / kKeys * kKeys;
   x.s.resize(static_cast<size_t>(padded * kQueries));
   x.score.resize(static_cast<size_t>(kAttnGroupRows * a.span));
-  x.index.resize(static_cast<size_t>(a.span + 16));
-  std::vector<int64_t> rows;
-  const int64_t group = a.H / a.Hkv;  // query heads per key/value head
-  const int64_t b0 = begin / a.H / a.T, b1 = (end - 1) / a.H / a.T;
-  for (int64_t b = b0; b <= b1; ++b)
-    for (int64_t kvh = 0; kvh < a.Hkv; ++kvh) {
-      rows.clear();  // this batch row's query rows on key/value head kvh within [begin, end), in order
-      for (int64_t t = 0; t < a.T; ++t)
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const int64_t row = (b * a.T + t) * a.H + h;
-          if (row >= begin && row < end) rows.push_back(row);
-        }
-      for (size_t c = 0; c < rows.size(); c += kQueries) {
-        const int nq = static_cast<int>(std::min<size_t>(kQueries, rows.size() - c));
-        switch (steps) {
-          case 1: attend_keys<1>(a, b, kvh, rows.data() + c, nq, x); break;
-          case 2: attend_keys<2>(a, b, kvh, rows.data() + c, nq, x); break;
-          case 3: attend_keys<3>(a, b, kvh, rows.data() + c, nq, x); break;
-          default: attend_keys<4>(a, b, kvh, rows.data() + c, nq, x); break;
-        }
-      }
-    }
+  x.keys.resize(static_cast<size_t>(a.span + 16));
+  x.next.resize(static_cast<size_t>(a.span + 16));
+  switch (steps) {
+    case 1: attend_rows_of<1>(a, begin, end, x); break;
+    case 2: attend_rows_of<2>(a, begin, end, x); break;
+    case 3: attend_rows_of<3>(a, begin, end, x); break;
+    default: attend_rows_of<4>(a, begin, end, x); break;
+  }
   _tile_release();
 }
 
