@@ -218,14 +218,14 @@ class ModelDrafter:
         of one state a pass, computing no logits (the module docstring); the rest go with the
         step's first batched pass."""
         chunk = self.catch_up_chunk
-        device = self.model.device
-        none = torch.empty((1, 0), dtype=torch.long, device=device)
         extra: dict[str, Any] = {"prefill": True} if chunk >= PREFILL_MIN_TOKENS else {}
-        for state in states:
+        for state in states:  # (in steady state a test per request and nothing else)
             while len(state.context) - state.fed > chunk:
+                device = self.model.device
                 piece = torch.tensor([state.context[state.fed : state.fed + chunk]], dtype=torch.long, device=device)
+                no_logits = torch.empty((1, 0), dtype=torch.long, device=device)
                 slots = [state.slot]
-                self.model.forward(piece, None, self.cache, num_new=[chunk], slots=slots, logits_at=none, **extra)
+                self.model.forward(piece, None, self.cache, num_new=[chunk], slots=slots, logits_at=no_logits, **extra)
                 state.fed += chunk
 
     def _run(

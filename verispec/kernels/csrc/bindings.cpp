@@ -402,8 +402,9 @@ at::Tensor int8_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, co
 
 // Attention one query row at a time (vec/attention.cpp; on the amx tier bf16 rows take their scores
 // from AMX tiles, amx/attention_tiles.cpp), every tier's decoding steps and verification passes:
-// q [B, T, H, D] (or [M, H, D], M = B T; contiguous), the keys and values of batch row b and kv head g at k + (rows[b]) * k_sb + g * k_sh (likewise v; rows null: b itself),
-// D values per position, visible [B, T, span] contiguous -> [B, T, H, D] in q's dtype.
+// q [B, T, H, D] (or [M, H, D], M = B T; contiguous), the keys and values of batch row b and kv
+// head g at k + (rows[b]) * k_sb + g * k_sh (likewise v; rows null: b itself), D values per
+// position, visible [B, T, span] contiguous -> [B, T, H, D] in q's dtype.
 at::Tensor attention_of_rows(const at::Tensor& q, const void* k, int64_t k_sb, int64_t k_sh, const void* v,
                              int64_t v_sb, int64_t v_sh, const int64_t* rows, const at::Tensor& visible, int64_t b,
                              int64_t t, int64_t hkv, int64_t span, double scale) {

@@ -54,6 +54,8 @@ constexpr int kQueries = 16;  // query rows per C tile (B columns)
 constexpr int kMaxSteps = 4;  // D / 32 at most: one B tile per step stays loaded (tmm4 .. tmm7)
 constexpr int kAhead = 2;     // key blocks ahead that the keys and values are prefetched
 
+inline int64_t whole_blocks(int64_t keys) { return (keys + kKeys - 1) / kKeys * kKeys; }  // keys rounded up to 16
+
 // tmm0, tmm1: C (16 keys x 16 fp32) of even and odd key blocks; tmm2, tmm3: A (16 keys x 32 bf16),
 // in turn; tmm4 .. tmm7: B (16 dimension pairs x 16 queries) of steps 0 .. 3.
 inline void configure_score_tiles() {
@@ -135,7 +137,7 @@ int64_t visible_positions(const uint8_t* vis, int64_t span, int32_t* index) {
   int64_t n = 0;
   for (int64_t j = 0; j < span; j += 16) {
     const int cnt = static_cast<int>(std::min<int64_t>(16, span - j));
-    const __mmask16 valid = cnt == 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1);
+    const __mmask16 valid = vec::first(cnt);
     const __m128i bytes = _mm_maskz_loadu_epi8(valid, vis + j);
     const __mmask16 seen = _mm_test_epi8_mask(bytes, bytes);
     const __m512i at = _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(j)));
@@ -164,7 +166,7 @@ struct Scratch {
 struct Tile {
   int nq = 0, runs = 0;
   int64_t rows[kQueries];
-  int start[kQueries + 1];  // run r: rows [start[r], start[r + 1])
+  int start[kQueries + 1] = {0};  // run r: rows [start[r], start[r + 1])
   int64_t seen[kQueries];   // run r sees the first seen[r] of the tile's keys
   int64_t count = 0;        // the tile's keys (the longest run's)
 };
@@ -192,7 +194,7 @@ inline __m512i weight_pairs(__m512 p) {
 void weight_row(const float* p, int64_t n, int64_t keys, uint32_t* row) {
   for (int64_t u = 0; u < n; u += 16) {
     const int cnt = static_cast<int>(std::min<int64_t>(16, n - u));
-    const __mmask16 k = cnt == 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1);
+    const __mmask16 k = vec::first(cnt);
     _mm512_mask_storeu_epi32(row + u, k, weight_pairs(_mm512_maskz_loadu_ps(k, p + u)));
   }
   std::memset(row + n, 0, static_cast<size_t>(keys - n) * 4);
@@ -271,11 +273,11 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t kvh, const Tile& tile, Sc
   // scores of every position up to the last one a row sees (a row's are its own whatever the others)
   const int64_t last = tile.count ? at[tile.count - 1] + 1 : 0;
   const int64_t br = a.rows ? a.rows[b] : b;  // the buffer row holding this row's keys and values
-  key_scores<STEPS>(static_cast<const uint16_t*>(a.k) + br * a.k_sb + kvh * a.k_sh, a.span,
-                    (last + kKeys - 1) / kKeys * kKeys, x.s.data());
+  key_scores<STEPS>(static_cast<const uint16_t*>(a.k) + br * a.k_sb + kvh * a.k_sh, a.span, whole_blocks(last),
+                    x.s.data());
   // each run: its scores of its visible keys in order, their softmax, its weights
   const __m512 scale = _mm512_set1_ps(a.scale);
-  const int64_t keys = (tile.count + kKeys - 1) / kKeys * kKeys;
+  const int64_t keys = whole_blocks(tile.count);
   float l[kQueries];
   x.w.resize(static_cast<size_t>(nq * keys));
   for (int r = 0; r < tile.runs; ++r) {
@@ -288,7 +290,7 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t kvh, const Tile& tile, Sc
       __m512 best = _mm512_set1_ps(-INFINITY);
       for (int64_t u = 0; u < n; u += 16) {
         const int cnt = static_cast<int>(std::min<int64_t>(16, n - u));
-        const __mmask16 k = cnt == 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1);
+        const __mmask16 k = vec::first(cnt);
         const __m512i j = _mm512_add_epi32(_mm512_slli_epi32(_mm512_maskz_loadu_epi32(k, at + u), 4), column);
         const __m512 v = _mm512_mul_ps(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, j, x.s.data(), 4), scale);
         _mm512_mask_storeu_ps(out + u, k, v);
@@ -340,7 +342,6 @@ void attend_rows_of(const AttnArgs& a, int64_t begin, int64_t end, Scratch& x) {
             std::copy(x.next.begin(), x.next.begin() + n, x.keys.begin());
             tile.count = n;
           }
-          tile.start[tile.runs] = tile.nq;
           tile.seen[tile.runs++] = n;
           for (int i = 0; i < nr; ++i) tile.rows[tile.nq++] = row + i;
           tile.start[tile.runs] = tile.nq;
@@ -357,8 +358,7 @@ void attention_rows_amx(const AttnArgs& a, int64_t begin, int64_t end) {
   const int steps = static_cast<int>(a.D / 32);
   if (!a.bf16 || a.D % 32 != 0 || steps > kMaxSteps || !amx_permitted()) return attention_rows(a, begin, end);
   static thread_local Scratch x;
-  const int64_t padded = (a.span + kKeys - 1) / kKeys * kKeys;
-  x.s.resize(static_cast<size_t>(padded * kQueries));
+  x.s.resize(static_cast<size_t>(whole_blocks(a.span) * kQueries));
   x.score.resize(static_cast<size_t>(kAttnGroupRows * a.span));
   x.keys.resize(static_cast<size_t>(a.span + 16));
   x.next.resize(static_cast<size_t>(a.span + 16));
@@ -373,7 +373,7 @@ void attention_rows_amx(const AttnArgs& a, int64_t begin, int64_t end) {
 
 void attention_scores_amx(const uint16_t* q, int64_t m, const uint16_t* k, int64_t n, int64_t d, float* out) {
   const int steps = static_cast<int>(d / 32);
-  const int64_t padded = (n + kKeys - 1) / kKeys * kKeys;
+  const int64_t padded = whole_blocks(n);
   std::vector<float> s(static_cast<size_t>(padded * kQueries));
   alignas(64) uint32_t qt[kMaxSteps * 16 * kQueries];
   std::vector<int64_t> rows(static_cast<size_t>(m));
