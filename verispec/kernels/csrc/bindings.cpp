@@ -69,6 +69,54 @@ const float* bias_pointer(const c10::optional<at::Tensor>& bias, int64_t n) {
 constexpr int64_t kSerialValues = 8192;
 int64_t grain_for(int64_t per_item) { return std::max<int64_t>(1, kSerialValues / std::max<int64_t>(per_item, 1)); }
 
+// One projection call on raw rows, shared by the tensor entries below and Layers' loop (which
+// makes no torch call between kernels: a torch operation right after a projection has streamed
+// megabytes of weights finds its code and data evicted and took ~20 us, a plain copy of the same
+// bytes 2): x [m, x_cols] contiguous (bf16, or fp32 where the kind takes it) into y [m, n]
+// contiguous (bf16, or fp32), the quantised activations and other temporaries in the caller's
+// scratch (64-byte aligned, the kind's *_scratch_bytes).
+struct RowsIO {
+  const void* x;
+  bool x_bf16;
+  int64_t m, x_cols;
+  void* y;
+  bool y_bf16;
+  uint8_t* scratch;
+};
+
+int64_t align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// A scratch buffer of `bytes` for a tensor entry's RowsIO.
+at::Tensor scratch_of(int64_t bytes) { return at::empty({std::max<int64_t>(bytes, 1)}, at::TensorOptions(at::kByte)); }
+
+// x [m, x_cols] quantised as k inputs (zeros from x_cols on: a Q4_K input padded to whole
+// super-blocks) into `scratch` as `layout` places it (Q4_K's mins when q4k; the interleaved
+// copies the vector kernels read when interleave and m > 1), activation blocks split over threads
+// when there are enough values.
+ActivationBuffers quantize_at(const RowsIO& io, int64_t k, const ActivationLayout& layout) {
+  const ActivationBuffers out = activation_buffers_at(io.scratch, layout);
+  const int64_t nblk = (k + kW8A8Block - 1) / kW8A8Block;
+  at::parallel_for(0, nblk, grain_for(io.m * kW8A8Block), [&](int64_t b0, int64_t b1) {
+    quantize_activations(io.x, io.x_bf16, io.m, io.x_cols, k, out, b0, b1);
+  });
+  return out;
+}
+
+// io's x quantised (quantize_at) and the W8A8Args of x and y [m, n] (the weights' fields are the
+// caller's).
+W8A8Args quantized_args(const RowsIO& io, int64_t n, int64_t k, bool q4k, bool interleave, const float* bias) {
+  const ActivationBuffers buffers = quantize_at(io, k, activation_layout(io.m, k, q4k, interleave));
+  W8A8Args a{};
+  point_at_activations(buffers, io.m, k, a);
+  a.bias = bias;
+  a.y = io.y;
+  a.M = io.m;
+  a.N = n;
+  a.K = k;
+  a.out_bf16 = io.y_bf16;
+  return a;
+}
+
 void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1, "x must be [M, K], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be fp32 or bf16");
@@ -76,60 +124,27 @@ void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.size(1) % 32 == 0, "x rows must have a multiple of 32 inputs, got ", x.size(1));
 }
 
-// x quantised for the int8 / Q4_K kernels: what W8A8Args points into, kept for the call, in one
-// byte buffer (activation_layout: one allocation per call instead of five; a draft pass makes ~100
-// of these calls).
-struct Quantized {
-  at::Tensor x, buffer;
-  ActivationBuffers buffers{};
-};
-
-// x [M, x_cols] quantised as k inputs (zeros from x_cols on: a Q4_K input padded to whole
-// super-blocks) into `keep` (Q4_K's mins when q4k; the interleaved copies when `interleave` and
-// M > 1), activation blocks split over threads when there are enough values.
-void quantize_into(const at::Tensor& x, int64_t k, bool q4k, bool interleave, Quantized& keep) {
-  check_activations(x);
-  TORCH_CHECK(x.size(1) <= k, "x has ", x.size(1), " inputs, more than the ", k, " of the weights");
-  keep.x = x.contiguous();
-  const int64_t m = x.size(0), x_cols = x.size(1), nblk = (k + kW8A8Block - 1) / kW8A8Block;
-  const ActivationLayout layout = activation_layout(m, k, q4k, interleave);
-  keep.buffer = at::empty({layout.bytes}, x.options().dtype(at::kByte));
-  keep.buffers = activation_buffers_at(keep.buffer.data_ptr<uint8_t>(), layout);
-  const ActivationBuffers& out = keep.buffers;
-  const void* xp = keep.x.data_ptr();
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  at::parallel_for(0, nblk, grain_for(m * kW8A8Block),
-                   [&](int64_t b0, int64_t b1) { quantize_activations(xp, bf16, m, x_cols, k, out, b0, b1); });
+// The RowsIO of a tensor entry: x (made contiguous into xc) into y, scratch of `bytes` into keep.
+RowsIO rows_io(const at::Tensor& x, at::Tensor& xc, at::Tensor& y, int64_t bytes, at::Tensor& keep) {
+  xc = x.contiguous();
+  keep = scratch_of(bytes);
+  return {xc.data_ptr(), x.scalar_type() == at::kBFloat16, x.size(0), x.size(1), y.defined() ? y.data_ptr() : nullptr,
+          y.defined() && y.scalar_type() == at::kBFloat16, keep.data_ptr<uint8_t>()};
 }
 
 // x [M, K] (fp32 or bf16) -> (int8 [M, K], scales fp32 [M, ceil(K / 64)], sums int32 [M, K / 32]):
 // the activation quantisation the W8A8 kernels apply (exposed for tests and references).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> w8a8_quantize_rows(const at::Tensor& x) {
-  Quantized keep;
-  quantize_into(x, x.size(1), false, false, keep);
+  check_activations(x);
   const int64_t m = x.size(0), k = x.size(1), nblk = (k + kW8A8Block - 1) / kW8A8Block;
   const ActivationLayout layout = activation_layout(m, k, false, false);
+  at::Tensor xc, none, buffer;
+  quantize_at(rows_io(x, xc, none, layout.bytes, buffer), k, layout);
   auto part = [&](int64_t offset, int64_t bytes, at::ScalarType type, int64_t cols) {
-    return keep.buffer.narrow(0, offset, bytes).view(type).view({m, cols}).clone();
+    return buffer.narrow(0, offset, bytes).view(type).view({m, cols}).clone();
   };
   return {part(layout.xq, m * k, at::kChar, k), part(layout.scale, 4 * m * nblk, at::kFloat, nblk),
           part(layout.sum, 4 * m * (k / 32), at::kInt, k / 32)};
-}
-
-// The W8A8Args of x and y (the weights' fields are the caller's): x quantised, Q4_K's mins when
-// q4k, and when the vector kernels run, the interleaved copies they read (common.h).
-W8A8Args quantized_args(const at::Tensor& x, at::Tensor& y, int64_t n, int64_t k, const c10::optional<at::Tensor>& bias,
-                        bool q4k, bool vectors, Quantized& keep) {
-  quantize_into(x, k, q4k, vectors, keep);
-  W8A8Args a{};
-  point_at_activations(keep.buffers, x.size(0), k, a);
-  a.bias = bias_pointer(bias, n);
-  a.y = y.data_ptr();
-  a.M = x.size(0);
-  a.N = n;
-  a.K = k;
-  a.out_bf16 = y.scalar_type() == at::kBFloat16;
-  return a;
 }
 
 // ------------------------------------------------------------------------------------ Q4_K
@@ -181,26 +196,34 @@ at::Tensor q4k_whole_records(const at::Tensor& packed, int64_t n, int64_t k) {
   return whole;
 }
 
-// x [M, K] with K = k, or narrower by less than 256 when the weights were padded with zeros (a
-// requantised projection): x is quantised as if padded with zeros alike (without a padded copy),
-// which adds nothing. Both engines read rows that end in a half record as they are.
-at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
-                      const c10::optional<at::Tensor>& bias, int64_t engine) {
-  check_q4k_inputs(k);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) <= k && x.size(1) > k - kQ4KSuper && x.size(1) % 32 == 0 && x.size(0) >= 1,
-              "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x.sizes());
-  check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
-  const bool amx = tiles_for(x.size(0), engine, kQ4KVectorRows);
-  at::Tensor y = at::empty({x.size(0), n}, x.options());
-  Quantized keep;
-  W8A8Args a = quantized_args(x, y, n, k, bias, true, !amx, keep);
-  a.w = packed.data_ptr<uint8_t>();
+int64_t q4k_scratch_bytes(int64_t m, int64_t k, bool amx) { return activation_layout(m, k, true, !amx).bytes; }
+
+// io's rows times the packed Q4_K weights w [n, k] (+ bias), on the AMX tiles or the vectors. x
+// has k inputs, or fewer by less than 256 when the weights were padded with zeros (a requantised
+// projection): x is quantised as if padded with zeros alike (without a padded copy), which adds
+// nothing. Both engines read rows that end in a half record as they are.
+void q4k_rows(const RowsIO& io, const uint8_t* w, int64_t n, int64_t k, const float* bias, bool amx) {
+  W8A8Args a = quantized_args(io, n, k, true, !amx, bias);
+  a.w = w;
   at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) {
     if (amx)
       q4k_linear_amx(a, b, e);
     else
       q4k_linear_vec(a, b, e);
   });
+}
+
+at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+                      const c10::optional<at::Tensor>& bias, int64_t engine) {
+  check_q4k_inputs(k);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) <= k && x.size(1) > k - kQ4KSuper && x.size(1) % 32 == 0 && x.size(0) >= 1,
+              "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x.sizes());
+  check_activations(x);
+  check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
+  const bool amx = tiles_for(x.size(0), engine, kQ4KVectorRows);
+  at::Tensor y = at::empty({x.size(0), n}, x.options()), xc, scratch;
+  q4k_rows(rows_io(x, xc, y, q4k_scratch_bytes(x.size(0), k, amx), scratch), packed.data_ptr<uint8_t>(), n, k,
+           bias_pointer(bias, n), amx);
   return y;
 }
 
@@ -230,21 +253,19 @@ at::Tensor q6k_dequantize_packed(const at::Tensor& packed, int64_t n, int64_t k)
   return w.narrow(0, 0, n);
 }
 
-// x [M, K] quantised as for int8 (per 64 inputs), with 32 x the sums of its codes over each 16 inputs
-// (interleaved by chunks as the other activation arrays when M > 1), times the Q6_K weights; every
-// tier runs the vector kernels (amx included).
-at::Tensor q6k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
-                      const c10::optional<at::Tensor>& bias) {
-  check_q6k_inputs(k);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1, "x must be [M, ", k, "], got ", x.sizes());
-  check_weights(packed, at::kByte, row_blocks(n) * (k / 256) * kQ6KRecord, "packed Q6_K");
-  const int64_t m = x.size(0), subs = k / 16;
-  at::Tensor y = at::empty({m, n}, x.options());
-  Quantized keep;
-  W8A8Args a = quantized_args(x, y, n, k, bias, false, true, keep);
-  at::Tensor sums = at::empty({(m > 1 ? 2 : 1) * m * subs}, x.options().dtype(at::kInt));
-  int32_t* plain = sums.data_ptr<int32_t>();
-  const int8_t* xq = keep.buffers.xq;
+// Q6_K's scratch: the activations, then 32 x the sums of their codes over each 16 inputs (and,
+// when m > 1, those interleaved by chunks as the other activation arrays).
+int64_t q6k_scratch_bytes(int64_t m, int64_t k) {
+  return align64(activation_layout(m, k, false, true).bytes) + 4 * (m > 1 ? 2 : 1) * m * (k / 16);
+}
+
+// io's rows [m, k] quantised as for int8 (per 64 inputs) times the packed Q6_K weights w [n, k] (+
+// bias); every tier runs the vector kernels (amx included).
+void q6k_rows(const RowsIO& io, const uint8_t* w, int64_t n, int64_t k, const float* bias) {
+  const int64_t m = io.m, subs = k / 16;
+  W8A8Args a = quantized_args(io, n, k, false, true, bias);
+  int32_t* plain = reinterpret_cast<int32_t*>(io.scratch + align64(activation_layout(m, k, false, true).bytes));
+  const int8_t* xq = a.xq;
   at::parallel_for(0, m, grain_for(k), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t j = 0; j < subs; ++j) {
@@ -260,8 +281,20 @@ at::Tensor q6k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
   } else {
     a.xsum16_rows = plain;
   }
-  a.w = packed.data_ptr<uint8_t>();
+  a.w = w;
   at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) { q6k_linear_vec(a, b, e); });
+}
+
+// x [M, K] times the packed Q6_K weights (q6k_rows).
+at::Tensor q6k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+                      const c10::optional<at::Tensor>& bias) {
+  check_q6k_inputs(k);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1, "x must be [M, ", k, "], got ", x.sizes());
+  check_activations(x);
+  check_weights(packed, at::kByte, row_blocks(n) * (k / 256) * kQ6KRecord, "packed Q6_K");
+  at::Tensor y = at::empty({x.size(0), n}, x.options()), xc, scratch;
+  q6k_rows(rows_io(x, xc, y, q6k_scratch_bytes(x.size(0), k), scratch), packed.data_ptr<uint8_t>(), n, k,
+           bias_pointer(bias, n));
   return y;
 }
 
@@ -279,24 +312,35 @@ at::Tensor w8a8_pack_codes(const at::Tensor& q) {
   return packed;
 }
 
-at::Tensor w8a8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n, int64_t k,
-                       const c10::optional<at::Tensor>& bias, int64_t engine) {
-  TORCH_CHECK(k % 32 == 0, "int8 rows must have a multiple of 32 inputs, got ", k);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1, "x must be [M, ", k, "], got ", x.sizes());
-  check_weights(packed, at::kChar, row_blocks(n) * kRows * k, "packed int8");
-  check_weights(scale, at::kFloat, row_blocks(n) * kRows, "int8 scales");
-  const bool amx = tiles_for(x.size(0), engine, kW8A8VectorRows);
-  at::Tensor y = at::empty({x.size(0), n}, x.options());
-  Quantized keep;
-  W8A8Args a = quantized_args(x, y, n, k, bias, false, !amx, keep);
-  a.w = reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>());
-  a.wscale = scale.data_ptr<float>();
+int64_t w8a8_scratch_bytes(int64_t m, int64_t k, bool amx) { return activation_layout(m, k, false, !amx).bytes; }
+
+// io's rows [m, k] times the packed int8 weights w [n, k] with their scales (+ bias), on the AMX
+// tiles or the vectors.
+void w8a8_rows(const RowsIO& io, const uint8_t* w, const float* wscale, int64_t n, int64_t k, const float* bias,
+               bool amx) {
+  W8A8Args a = quantized_args(io, n, k, false, !amx, bias);
+  a.w = w;
+  a.wscale = wscale;
   at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) {
     if (amx)
       w8a8_linear_amx(a, b, e);
     else
       w8a8_linear_vec(a, b, e);
   });
+}
+
+at::Tensor w8a8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n, int64_t k,
+                       const c10::optional<at::Tensor>& bias, int64_t engine) {
+  TORCH_CHECK(k % 32 == 0, "int8 rows must have a multiple of 32 inputs, got ", k);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1, "x must be [M, ", k, "], got ", x.sizes());
+  check_activations(x);
+  check_weights(packed, at::kChar, row_blocks(n) * kRows * k, "packed int8");
+  check_weights(scale, at::kFloat, row_blocks(n) * kRows, "int8 scales");
+  const bool amx = tiles_for(x.size(0), engine, kW8A8VectorRows);
+  at::Tensor y = at::empty({x.size(0), n}, x.options()), xc, scratch;
+  w8a8_rows(rows_io(x, xc, y, w8a8_scratch_bytes(x.size(0), k, amx), scratch),
+            reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>()), scale.data_ptr<float>(), n, k,
+            bias_pointer(bias, n), amx);
   return y;
 }
 
@@ -314,28 +358,31 @@ at::Tensor bf16_pack_weight(const at::Tensor& w) {
   return packed;
 }
 
-at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
-                       const c10::optional<at::Tensor>& bias, bool out_fp32) {
-  TORCH_CHECK(k % kBf16Align == 0, "bf16 rows must have a multiple of 32 inputs, got ", k);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
-              "x must be bf16 [M, ", k, "] on the CPU, got ", x.sizes(), " ", x.scalar_type());
-  check_weights(packed, at::kBFloat16, row_blocks(n) * kRows * k, "packed bf16");
-  TORCH_CHECK(!kHasAmx || amx_permitted(), "AMX is not available on this CPU or kernel");
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty({x.size(0), n}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
+// [M, K]: the FMA kernels' broadcasts widen x to fp32 (amx and VDPBF16PS multiply the bf16 as they are)
+constexpr bool kWidenX = !kHasAmx && !kHasDpbf16;
+
+int64_t bf16_scratch_bytes(int64_t m, int64_t k) { return kWidenX ? 4 * m * k : 0; }
+
+// io's bf16 rows [m, k] times the packed bf16 weights w [n, k] (+ bias), fp32 sums.
+void bf16_rows(const RowsIO& io, const uint16_t* w, int64_t n, int64_t k, const float* bias) {
   Bf16Args a{};
-  a.w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
-  a.x = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
-  // [M, K]: the FMA kernels' broadcasts (amx and VDPBF16PS multiply the bf16 as they are)
-  constexpr bool kWidenX = !kHasAmx && !kHasDpbf16;
-  const at::Tensor xf = kWidenX ? xc.to(at::kFloat) : at::Tensor();
-  a.xf = kWidenX ? xf.data_ptr<float>() : nullptr;
-  a.bias = bias_pointer(bias, n);
-  a.y = y.data_ptr();
-  a.M = x.size(0);
+  a.w = w;
+  a.x = static_cast<const uint16_t*>(io.x);
+  float* xf = kWidenX ? reinterpret_cast<float*>(io.scratch) : nullptr;
+  if (kWidenX)
+    at::parallel_for(0, io.m, grain_for(k), [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * k; i < r1 * k; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(a.x[i]) << 16;  // (exact: bf16 is fp32's upper half)
+        std::memcpy(xf + i, &bits, 4);
+      }
+    });
+  a.xf = xf;
+  a.bias = bias;
+  a.y = io.y;
+  a.M = io.m;
   a.N = n;
   a.K = k;
-  a.out_bf16 = !out_fp32;
+  a.out_bf16 = io.y_bf16;
   // grain 4: a thread's range is whole groups of four row blocks (bf16.cpp's unit)
   at::parallel_for(0, row_blocks(n), 4, [&](int64_t b, int64_t e) {
     if (kHasAmx)
@@ -343,58 +390,96 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n,
     else
       bf16_linear_vec(a, b, e);
   });
+}
+
+at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+                       const c10::optional<at::Tensor>& bias, bool out_fp32) {
+  TORCH_CHECK(k % kBf16Align == 0, "bf16 rows must have a multiple of 32 inputs, got ", k);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.size(0) >= 1 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
+              "x must be bf16 [M, ", k, "] on the CPU, got ", x.sizes(), " ", x.scalar_type());
+  check_weights(packed, at::kBFloat16, row_blocks(n) * kRows * k, "packed bf16");
+  TORCH_CHECK(!kHasAmx || amx_permitted(), "AMX is not available on this CPU or kernel");
+  at::Tensor y = at::empty({x.size(0), n}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16)), xc, scratch;
+  bf16_rows(rows_io(x, xc, y, bf16_scratch_bytes(x.size(0), k), scratch),
+            reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), n, k, bias_pointer(bias, n));
   return y;
 }
 
 // ------------------------------------------------------------------------------------ prefill
 
-// The prefill kernels' arguments (amx/prefill.cpp) for x [M, k] bf16 into y [M, n] bf16.
-Bf16Args prefill_args(const at::Tensor& x, at::Tensor& y, int64_t n, int64_t k, const c10::optional<at::Tensor>& bias) {
+// The prefill kernels' arguments (amx/prefill.cpp) for io's bf16 rows [m, k] into y [m, n].
+Bf16Args prefill_args(const RowsIO& io, int64_t n, int64_t k, const float* bias) {
   TORCH_CHECK(kHasAmx && amx_permitted(), "the prefill kernels need the amx tier and AMX permitted");
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(1) == k && x.scalar_type() == at::kBFloat16 && x.is_contiguous() &&
-                  x.device().is_cpu(),
-              "x must be bf16 [M, ", k, "] on the CPU, got ", x.sizes(), " ", x.scalar_type());
   Bf16Args a{};
-  a.x = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  a.bias = bias_pointer(bias, n);
-  a.y = y.data_ptr();
-  a.M = x.size(0);
+  a.x = static_cast<const uint16_t*>(io.x);
+  a.bias = bias;
+  a.y = io.y;
+  a.M = io.m;
   a.N = n;
   a.K = k;
-  a.out_bf16 = true;
+  a.out_bf16 = io.y_bf16;
   return a;
 }
 
-// x [M, K'] bf16 (K' = k, or narrower by less than 256 for a padded projection: zeros added) times
-// the Q4_K weights dequantised to bf16, + bias -> [M, N] bf16 (amx/prefill.cpp; amx tier only).
+void check_prefill_x(const at::Tensor& x, int64_t k, bool narrower) {
+  const bool width = narrower ? x.size(1) <= k && x.size(1) > k - kQ4KSuper : x.size(1) == k;
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && width && x.size(1) % 32 == 0 && x.scalar_type() == at::kBFloat16 &&
+                  x.device().is_cpu(),
+              "x must be bf16 [M, ", k, "] on the CPU",
+              narrower ? " (or narrower by less than 256, a multiple of 32)" : "", ", got ", x.sizes(), " ",
+              x.scalar_type());
+}
+
+// Q4_K's prefill scratch: a copy of x padded with zeros to k inputs, when it is narrower.
+int64_t q4k_prefill_scratch_bytes(int64_t m, int64_t x_cols, int64_t k) { return x_cols < k ? 2 * m * k : 0; }
+
+// io's bf16 rows [m, x_cols] (x_cols = k, or narrower by less than 256 for a padded projection:
+// zeros added) times the Q4_K weights w [n, k] dequantised to bf16, + bias (amx/prefill.cpp; amx
+// tier only).
+void q4k_prefill_rows(const RowsIO& io, const uint8_t* w, int64_t n, int64_t k, const float* bias) {
+  Bf16Args a = prefill_args(io, n, k, bias);
+  if (io.x_cols < k) {
+    auto* padded = reinterpret_cast<uint16_t*>(io.scratch);
+    const auto* x = static_cast<const uint16_t*>(io.x);
+    for (int64_t r = 0; r < io.m; ++r) {
+      std::memcpy(padded + r * k, x + r * io.x_cols, 2 * io.x_cols);
+      std::memset(padded + r * k + io.x_cols, 0, 2 * (k - io.x_cols));
+    }
+    a.x = padded;
+  }
+  // grain: whole groups of row blocks (the unit dequantised at once)
+  at::parallel_for(0, row_blocks(n), kBf16GroupBlocks, [&](int64_t b, int64_t e) { q4k_prefill_amx(w, a, b, e); });
+}
+
 at::Tensor q4k_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                               const c10::optional<at::Tensor>& bias) {
   check_q4k_inputs(k);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) <= k && x.size(1) > k - kQ4KSuper && x.size(1) % 32 == 0,
-              "x must be [M, ", k, "] (or narrower by less than 256, a multiple of 32), got ", x.sizes());
+  check_prefill_x(x, k, true);
   check_weights(packed, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
-  const at::Tensor xc = x.size(1) == k ? x.contiguous() : at::constant_pad_nd(x, {0, k - x.size(1)});
-  at::Tensor y = at::empty({x.size(0), n}, x.options());
-  const Bf16Args a = prefill_args(xc, y, n, k, bias);
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  // grain: whole groups of row blocks (the unit dequantised at once)
-  at::parallel_for(0, row_blocks(n), kBf16GroupBlocks, [&](int64_t b, int64_t e) { q4k_prefill_amx(w, a, b, e); });
+  at::Tensor y = at::empty({x.size(0), n}, x.options()), xc, scratch;
+  q4k_prefill_rows(rows_io(x, xc, y, q4k_prefill_scratch_bytes(x.size(0), x.size(1), k), scratch),
+                   packed.data_ptr<uint8_t>(), n, k, bias_pointer(bias, n));
   return y;
 }
 
-// x [M, K] bf16 times the int8 weights (scale * codes) rounded to bf16, + bias -> [M, N] bf16
+// io's bf16 rows [m, k] times the int8 weights w (wscale * codes) rounded to bf16, + bias
 // (amx/prefill.cpp; amx tier only).
+void int8_prefill_rows(const RowsIO& io, const uint8_t* w, const float* wscale, int64_t n, int64_t k,
+                       const float* bias) {
+  const Bf16Args a = prefill_args(io, n, k, bias);
+  at::parallel_for(0, row_blocks(n), kBf16GroupBlocks,
+                   [&](int64_t b, int64_t e) { int8_prefill_amx(w, wscale, a, b, e); });
+}
+
 at::Tensor int8_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n,
                                int64_t k, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(k % 32 == 0, "int8 rows must have a multiple of 32 inputs, got ", k);
+  check_prefill_x(x, k, false);
   check_weights(packed, at::kChar, row_blocks(n) * kRows * k, "packed int8");
   check_weights(scale, at::kFloat, row_blocks(n) * kRows, "int8 scales");
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty({x.size(0), n}, x.options());
-  const Bf16Args a = prefill_args(xc, y, n, k, bias);
-  const uint8_t* w = reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>());
-  const float* sc = scale.data_ptr<float>();
-  at::parallel_for(0, row_blocks(n), kBf16GroupBlocks, [&](int64_t b, int64_t e) { int8_prefill_amx(w, sc, a, b, e); });
+  at::Tensor y = at::empty({x.size(0), n}, x.options()), xc, scratch;
+  int8_prefill_rows(rows_io(x, xc, y, 0, scratch), reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>()),
+                    scale.data_ptr<float>(), n, k, bias_pointer(bias, n));
   return y;
 }
 
@@ -404,14 +489,12 @@ at::Tensor int8_prefill_matmul(const at::Tensor& x, const at::Tensor& packed, co
 // from AMX tiles, amx/attention_tiles.cpp), every tier's decoding steps and verification passes:
 // q [B, T, H, D] (or [M, H, D], M = B T; contiguous), the keys and values of batch row b and kv
 // head g at k + (rows[b]) * k_sb + g * k_sh (likewise v; rows null: b itself), D values per
-// position, visible [B, T, span] contiguous -> [B, T, H, D] in q's dtype.
-at::Tensor attention_of_rows(const at::Tensor& q, const void* k, int64_t k_sb, int64_t k_sh, const void* v,
-                             int64_t v_sb, int64_t v_sh, const int64_t* rows, const at::Tensor& visible, int64_t b,
-                             int64_t t, int64_t hkv, int64_t span, double scale) {
-  const int64_t h = q.size(-2), d = q.size(-1);
-  at::Tensor out = at::empty({b, t, h, d}, q.options());
+// position, visible [B, T, span] contiguous -> out [B, T, H, D] in q's dtype (bf16 or fp32).
+void attention_of_rows(const void* q, bool bf16, int64_t h, int64_t d, const void* k, int64_t k_sb, int64_t k_sh,
+                       const void* v, int64_t v_sb, int64_t v_sh, const int64_t* rows, const bool* visible, int64_t b,
+                       int64_t t, int64_t hkv, int64_t span, double scale, void* out) {
   AttnArgs a{};
-  a.q = q.data_ptr();
+  a.q = q;
   a.k = k;
   a.v = v;
   a.k_sb = k_sb;
@@ -419,8 +502,8 @@ at::Tensor attention_of_rows(const at::Tensor& q, const void* k, int64_t k_sb, i
   a.v_sb = v_sb;
   a.v_sh = v_sh;
   a.rows = rows;
-  a.visible = reinterpret_cast<const uint8_t*>(visible.data_ptr<bool>());
-  a.out = out.data_ptr();
+  a.visible = reinterpret_cast<const uint8_t*>(visible);
+  a.out = out;
   a.B = b;
   a.T = t;
   a.H = h;
@@ -428,9 +511,8 @@ at::Tensor attention_of_rows(const at::Tensor& q, const void* k, int64_t k_sb, i
   a.D = d;
   a.span = span;
   a.scale = static_cast<float>(scale);
-  a.bf16 = q.scalar_type() == at::kBFloat16;
+  a.bf16 = bf16;
   at::parallel_for(0, b * t * h, 1, [&](int64_t s, int64_t e) { attention_rows_amx(a, s, e); });
-  return out;
 }
 
 at::Tensor attention_by_row(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& visible,
@@ -455,8 +537,11 @@ at::Tensor attention_by_row(const at::Tensor& q, const at::Tensor& k, const at::
                   visible.size(2) == span,
               "visible must be [B, T, span] bool");
   const at::Tensor qc = q.contiguous(), vis = visible.contiguous();
-  return attention_of_rows(qc, k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), nullptr,
-                           vis, b, t, hkv, span, scale);
+  at::Tensor out = at::empty({b, t, h, d}, q.options());
+  attention_of_rows(qc.data_ptr(), q.scalar_type() == at::kBFloat16, h, d, k.data_ptr(), k.stride(0), k.stride(1),
+                    v.data_ptr(), v.stride(0), v.stride(1), nullptr, vis.data_ptr<bool>(), b, t, hkv, span, scale,
+                    out.data_ptr());
+  return out;
 }
 
 // ------------------------------------------------------------------------------------ layer ops
@@ -483,6 +568,12 @@ void check_bf16_cpu(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.device().is_cpu(), what, " must be a bf16 CPU tensor");
 }
 
+// h [m, c] (h += delta [m, c] in place first, unless null) -> y = RMSNorm(h) * w [c].
+void rms_norm_at(uint16_t* h, const uint16_t* delta, const uint16_t* w, uint16_t* y, int64_t m, int64_t c, double eps) {
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, m, grain_for(c), [&](int64_t b, int64_t en) { rms_norm_rows(h, delta, w, y, c, e, b, en); });
+}
+
 // h [..., C] (contiguous; h += delta in place first when delta is given) -> RMSNorm(h) * weight.
 at::Tensor rms_norm(at::Tensor& h, const c10::optional<at::Tensor>& delta, const at::Tensor& weight, double eps) {
   check_bf16_cpu(h, "h");
@@ -497,13 +588,16 @@ at::Tensor rms_norm(at::Tensor& h, const c10::optional<at::Tensor>& delta, const
     d = delta->contiguous();
   }
   at::Tensor y = at::empty_like(h);
-  uint16_t* hp = bf16_pointer_mut(h);
-  const uint16_t* dp = d.defined() ? bf16_pointer(d) : nullptr;
-  const uint16_t* wp = bf16_pointer(weight);
-  uint16_t* yp = bf16_pointer_mut(y);
-  const float e = static_cast<float>(eps);
-  at::parallel_for(0, m, grain_for(c), [&](int64_t b, int64_t en) { rms_norm_rows(hp, dp, wp, yp, c, e, b, en); });
+  rms_norm_at(bf16_pointer_mut(h), d.defined() ? bf16_pointer(d) : nullptr, bf16_pointer(weight), bf16_pointer_mut(y),
+              m, c, eps);
   return y;
+}
+
+// x [m, heads * d] (rows `stride` apart), cos / sin [m, d] -> y [m, heads, d].
+void rotary_at(const uint16_t* x, int64_t stride, const uint16_t* cos, const uint16_t* sin, uint16_t* y, int64_t m,
+               int64_t heads, int64_t d) {
+  at::parallel_for(0, m, grain_for(heads * d),
+                   [&](int64_t b, int64_t e) { rotary_rows(x, stride, cos, sin, y, heads, d, b, e); });
 }
 
 // x [M, heads * d] (rows may be strided: a slice of a fused q/k/v output), cos / sin [M, d]
@@ -518,19 +612,21 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   const at::Tensor cc = cos.contiguous(), sc = sin.contiguous();
   TORCH_CHECK(cc.numel() == m * d && sc.numel() == m * d, "cos and sin must be [M, d]");
   at::Tensor y = at::empty({m, heads, d}, x.options());
-  const uint16_t* xp = bf16_pointer(x);
-  const uint16_t* cp = bf16_pointer(cc);
-  const uint16_t* sp = bf16_pointer(sc);
-  uint16_t* yp = bf16_pointer_mut(y);
-  const int64_t stride = x.stride(0);
-  at::parallel_for(0, m, grain_for(heads * d),
-                   [&](int64_t b, int64_t e) { rotary_rows(xp, stride, cp, sp, yp, heads, d, b, e); });
+  rotary_at(bf16_pointer(x), x.stride(0), bf16_pointer(cc), bf16_pointer(sc), bf16_pointer_mut(y), m, heads, d);
   return y;
 }
 
 // SwiGLU's work split by columns, this many at a time, so that one row (a decoding step) has
 // threads too.
 constexpr int64_t kSiluColumns = 256;
+
+// gate, up [m, f] (rows `stride` apart) -> y = silu(gate) * up [m, f].
+void silu_mul_at(const uint16_t* gate, const uint16_t* up, int64_t stride, uint16_t* y, int64_t m, int64_t f) {
+  const int64_t pieces = (f + kSiluColumns - 1) / kSiluColumns;
+  at::parallel_for(0, pieces, grain_for(m * kSiluColumns), [&](int64_t b, int64_t e) {
+    silu_mul_rows(gate, up, stride, y, f, 0, m, b * kSiluColumns, std::min(e * kSiluColumns, f));
+  });
+}
 
 // gate, up [M, F] with the same row stride and unit column stride -> silu(gate) * up [M, F].
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
@@ -541,14 +637,7 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
               "gate and up must be [M, F] with the same strides");
   const int64_t m = gate.size(0), f = gate.size(1);
   at::Tensor y = at::empty({m, f}, gate.options());
-  const uint16_t* gp = bf16_pointer(gate);
-  const uint16_t* upp = bf16_pointer(up);
-  uint16_t* yp = bf16_pointer_mut(y);
-  const int64_t stride = gate.stride(0);
-  const int64_t pieces = (f + kSiluColumns - 1) / kSiluColumns;
-  at::parallel_for(0, pieces, grain_for(m * kSiluColumns), [&](int64_t b, int64_t e) {
-    silu_mul_rows(gp, upp, stride, yp, f, 0, m, b * kSiluColumns, std::min(e * kSiluColumns, f));
-  });
+  silu_mul_at(bf16_pointer(gate), bf16_pointer(up), gate.stride(0), bf16_pointer_mut(y), m, f);
   return y;
 }
 
@@ -556,24 +645,76 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 
 // One packed projection as verispec.kernels.linear holds it: kind 0 bf16 (w: packed bf16), 1 int8
 // (w: packed codes, scale: padded scales), 2 Q4_K (w: packed records), 3 Q6_K (w: packed records).
+// Checked once when made (projection_of), so that Layers' loop runs its kernels on raw pointers.
 struct Projection {
   int64_t kind, n, k;
   at::Tensor w, scale;
   c10::optional<at::Tensor> bias;
-  at::Tensor operator()(const at::Tensor& x) const {
-    if (kind == 0) return bf16_matmul(x, w, n, k, bias, false);
-    if (kind == 1) return w8a8_matmul(x, w, scale, n, k, bias, kEngineAuto);
-    if (kind == 3) return q6k_matmul(x, w, n, k, bias);
-    return q4k_matmul(x, w, n, k, bias, kEngineAuto);
+  const void* wp;  // w's, scale's and bias's data (scale, bias: null when absent)
+  const float* sp;
+  const float* bp;
+
+  // Whether a prompt's rows (prefill) run on the prefill kernels: int8 and Q4_K where the tier has AMX.
+  bool on_prefill_kernels(bool prefill) const { return prefill && kHasAmx && (kind == 1 || kind == 2); }
+  // Whether m rows of int8 or Q4_K run on the AMX tiles (by the number of rows).
+  bool tiles(int64_t m) const {
+    return (kind == 1 || kind == 2) && tiles_for(m, kEngineAuto, kind == 1 ? kW8A8VectorRows : kQ4KVectorRows);
   }
-  // A prompt's rows (Layers::forward with prefill): int8 and Q4_K on the prefill kernels where
-  // the tier has AMX, everything else as above.
-  at::Tensor prefill(const at::Tensor& x) const {
-    if (kHasAmx && kind == 1) return int8_prefill_matmul(x, w, scale, n, k, bias);
-    if (kHasAmx && kind == 2) return q4k_prefill_matmul(x, w, n, k, bias);
-    return (*this)(x);
+  // The scratch run() needs for m rows of x_cols inputs.
+  int64_t scratch_bytes(int64_t m, int64_t x_cols, bool prefill) const {
+    if (on_prefill_kernels(prefill)) return kind == 2 ? q4k_prefill_scratch_bytes(m, x_cols, k) : 0;
+    if (kind == 0) return bf16_scratch_bytes(m, k);
+    if (kind == 1) return w8a8_scratch_bytes(m, k, tiles(m));
+    if (kind == 3) return q6k_scratch_bytes(m, k);
+    return q4k_scratch_bytes(m, k, tiles(m));
   }
+  // x [m, x_cols] bf16 -> y [m, n] bf16, the kernels the tensor entries run (bf16_linear,
+  // w8a8_linear, q4k_linear, q6k_linear; a prompt's rows on int8_prefill_linear and
+  // q4k_prefill_linear where the tier has AMX), with no torch call.
+  void run(const uint16_t* x, int64_t m, int64_t x_cols, uint16_t* y, uint8_t* scratch, bool prefill) const {
+    const RowsIO io{x, true, m, x_cols, y, true, scratch};
+    const auto* bytes = static_cast<const uint8_t*>(wp);
+    if (on_prefill_kernels(prefill)) {
+      if (kind == 1)
+        int8_prefill_rows(io, bytes, sp, n, k, bp);
+      else
+        q4k_prefill_rows(io, bytes, n, k, bp);
+    } else if (kind == 0) {
+      bf16_rows(io, static_cast<const uint16_t*>(wp), n, k, bp);
+    } else if (kind == 1) {
+      w8a8_rows(io, bytes, sp, n, k, bp, tiles(m));
+    } else if (kind == 3) {
+      q6k_rows(io, bytes, n, k, bp);
+    } else {
+      q4k_rows(io, bytes, n, k, bp, tiles(m));
+    }
+  }
+  // Whether x rows of `cols` inputs fit it (Q4_K: narrower by less than 256 when it was padded).
+  bool takes(int64_t cols) const { return kind == 2 ? cols <= k && cols > k - kQ4KSuper && cols % 32 == 0 : cols == k; }
 };
+
+Projection projection_of(int64_t kind, const at::Tensor& w, const c10::optional<at::Tensor>& scale,
+                         const c10::optional<at::Tensor>& bias, int64_t n, int64_t k) {
+  TORCH_CHECK(kind >= 0 && kind <= 3, "kind must be 0 (bf16), 1 (int8), 2 (Q4_K) or 3 (Q6_K)");
+  TORCH_CHECK(n >= 1 && k >= 1, "a projection needs n, k >= 1");
+  if (kind == 0) {
+    TORCH_CHECK(k % kBf16Align == 0, "bf16 rows must have a multiple of 32 inputs, got ", k);
+    check_weights(w, at::kBFloat16, row_blocks(n) * kRows * k, "packed bf16");
+  } else if (kind == 1) {
+    TORCH_CHECK(k % 32 == 0, "int8 rows must have a multiple of 32 inputs, got ", k);
+    TORCH_CHECK(scale.has_value(), "an int8 projection needs its scales");
+    check_weights(w, at::kChar, row_blocks(n) * kRows * k, "packed int8");
+    check_weights(*scale, at::kFloat, row_blocks(n) * kRows, "int8 scales");
+  } else if (kind == 2) {
+    check_q4k_inputs(k);
+    check_weights(w, at::kByte, row_blocks(n) * q4k_row_block_bytes(k), "packed Q4_K");
+  } else {
+    check_q6k_inputs(k);
+    check_weights(w, at::kByte, row_blocks(n) * (k / 256) * kQ6KRecord, "packed Q6_K");
+  }
+  const at::Tensor sc = kind == 1 ? *scale : at::Tensor();
+  return {kind, n, k, w, sc, bias, w.data_ptr(), sc.defined() ? sc.data_ptr<float>() : nullptr, bias_pointer(bias, n)};
+}
 
 // Attention of a prompt's chunk: torch's scaled_dot_product_attention (its CPU flash-attention
 // kernel, blocked over queries and keys: 3.5-4.5x the row kernel's speed at 512 queries over 512 to
@@ -603,81 +744,194 @@ struct Layer {
   std::vector<Projection> qkv, gate_up;
   Projection o, down;
   at::Tensor post_norm, next_norm;
+  const uint16_t* post = nullptr;  // the norms' data (Layers::prepare)
+  const uint16_t* next = nullptr;
+};
+
+// Where a pass's intermediate rows lie in one buffer, for M rows (bf16 elements from the start;
+// each array on its own cache lines), then the projections' scratch (bytes): the same for every
+// layer of the pass.
+struct PassBuffers {
+  int64_t qkv, q_rot, k_rot, attn, o_out, gate_up, act, down_out, elements, scratch_bytes;
 };
 
 struct Layers {
   std::vector<Layer> layers;
-  int64_t heads, kv_heads, head_dim, inter;
+  int64_t heads, kv_heads, head_dim, inter, hidden;
   double eps;
+
+  // Checks every layer against the shapes and points at its norms (once, when made: the loop
+  // trusts them).
+  void prepare() {
+    const int64_t qw = heads * head_dim, kw = kv_heads * head_dim, c = hidden, f = inter;
+    TORCH_CHECK(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, "query heads must be a multiple of kv heads");
+    TORCH_CHECK(head_dim % 32 == 0 && head_dim <= 256, "head size must be a multiple of 32 up to 256, got ", head_dim);
+    for (Layer& L : layers) {
+      const auto fits = [](const Projection& p, int64_t n, int64_t cols, const char* what) {
+        TORCH_CHECK(p.n == n && p.takes(cols), what, " must be [", n, " x ", cols, "], got [", p.n, " x ", p.k, "]");
+      };
+      if (L.qkv.size() == 1) {
+        fits(L.qkv[0], qw + 2 * kw, c, "the fused q/k/v projection");
+      } else {
+        fits(L.qkv[0], qw, c, "q");
+        fits(L.qkv[1], kw, c, "k");
+        fits(L.qkv[2], kw, c, "v");
+      }
+      fits(L.o, c, qw, "o");
+      if (L.gate_up.size() == 1) {
+        fits(L.gate_up[0], 2 * f, c, "the fused gate/up projection");
+      } else {
+        fits(L.gate_up[0], f, c, "gate");
+        fits(L.gate_up[1], f, c, "up");
+      }
+      fits(L.down, c, f, "down");
+      for (const at::Tensor* norm : {&L.post_norm, &L.next_norm}) {
+        check_bf16_cpu(*norm, "a norm's weight");
+        TORCH_CHECK(norm->numel() == c && norm->is_contiguous(), "a norm's weight must be [", c, "]");
+      }
+      L.post = bf16_pointer(L.post_norm);
+      L.next = bf16_pointer(L.next_norm);
+    }
+  }
+
+  PassBuffers buffers_for(int64_t m, bool prefill) const {
+    const int64_t qw = heads * head_dim, kw = kv_heads * head_dim;
+    PassBuffers p{};
+    int64_t at = 0;
+    const auto take = [&](int64_t elements) {
+      const int64_t offset = at;
+      at += (elements + 31) / 32 * 32;  // (64 bytes)
+      return offset;
+    };
+    p.qkv = take(m * (qw + 2 * kw));
+    p.q_rot = take(m * qw);
+    p.k_rot = take(m * kw);
+    p.attn = take(m * qw);
+    p.o_out = take(m * hidden);
+    p.gate_up = take(m * 2 * inter);
+    p.act = take(m * inter);
+    p.down_out = take(m * hidden);
+    p.elements = at;
+    for (const Layer& L : layers) {
+      const auto need = [&](const Projection& proj, int64_t cols) {
+        p.scratch_bytes = std::max(p.scratch_bytes, proj.scratch_bytes(m, cols, prefill));
+      };
+      for (const Projection& proj : L.qkv) need(proj, hidden);
+      for (const Projection& proj : L.gate_up) need(proj, hidden);
+      need(L.o, qw);
+      need(L.down, inter);
+    }
+    return p;
+  }
 
   // h [M, C] bf16 (the residual stream, updated in place), x [M, C] = the first layer's input
   // norm of h, cos / sin [M, D], caches [L, S, H_kv, N, D] bf16, rows [B] and write_pos [B, T]
   // int64 (where this step's keys and values go), visible [B, T, span] -> the final norm of h
   // [M, C]. The same operations, in the same order, as Transformer's layer loop in Python:
-  // one call per forward pass instead of ~12 per layer. `prefill`: a prompt's chunk, whose
-  // projections take Projection::prefill and whose attention is prefill_attention.
-  at::Tensor forward(at::Tensor& h, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& kc,
+  // one call per forward pass instead of ~12 per layer, and between the kernels no torch call (in
+  // its buffers, allocated once per pass). `prefill`: a prompt's chunk, whose projections take
+  // the prefill kernels (Projection::run) and whose attention is prefill_attention.
+  at::Tensor forward(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& kc,
                      at::Tensor& vc, const at::Tensor& rows, const at::Tensor& write_pos, int64_t span,
                      const at::Tensor& visible, bool prefill) const {
-    const auto project = [prefill](const Projection& p, const at::Tensor& in) { return prefill ? p.prefill(in) : p(in); };
     const int64_t b = rows.size(0), t = write_pos.size(1), m = b * t, hq = heads, hkv = kv_heads, d = head_dim;
+    const int64_t c = hidden, f = inter, qw = hq * d, kw = hkv * d;
     TORCH_CHECK(kc.dim() == 5 && kc.sizes() == vc.sizes() && kc.size(0) == static_cast<int64_t>(layers.size()) &&
                     kc.size(2) == hkv && kc.size(4) == d && kc.is_contiguous() && vc.is_contiguous() &&
                     kc.scalar_type() == at::kBFloat16 && vc.scalar_type() == at::kBFloat16,
                 "caches must be contiguous bf16 [layers, slots, H_kv, positions, D]");
     TORCH_CHECK(rows.scalar_type() == at::kLong && write_pos.scalar_type() == at::kLong && write_pos.size(0) == b &&
-                    h.size(0) == m && x.size(0) == m && span <= kc.size(3),
+                    span >= 1 && span <= kc.size(3),
                 "rows [B] / write_pos [B, T] int64 must match h's M = B * T rows");
-    const at::Tensor rc = rows.contiguous(), wc = write_pos.contiguous();
+    for (const at::Tensor* rows_of_c : {static_cast<const at::Tensor*>(&h), &x}) {
+      check_bf16_cpu(*rows_of_c, "h and x");
+      TORCH_CHECK(rows_of_c->dim() == 2 && rows_of_c->size(0) == m && rows_of_c->size(1) == c &&
+                      rows_of_c->is_contiguous(),
+                  "h and x must be contiguous [M, ", c, "] with M = B * T = ", m);
+    }
+    check_bf16_cpu(cos, "cos");
+    check_bf16_cpu(sin, "sin");
+    const at::Tensor cc = cos.contiguous(), sc = sin.contiguous();
+    TORCH_CHECK(cc.numel() == m * d && sc.numel() == m * d, "cos and sin must be [M, D]");
+    TORCH_CHECK(visible.scalar_type() == at::kBool && visible.numel() == b * t * span,
+                "visible must be [B, T, span] bool");
+    const at::Tensor rc = rows.contiguous(), wc = write_pos.contiguous(), vis = visible.contiguous();
     const int64_t* rp = rc.data_ptr<int64_t>();
     const int64_t* wp = wc.data_ptr<int64_t>();
     for (int64_t i = 0; i < b; ++i) TORCH_CHECK(rp[i] >= 0 && rp[i] < kc.size(1), "cache row out of range");
     for (int64_t i = 0; i < m; ++i) TORCH_CHECK(wp[i] >= 0 && wp[i] < kc.size(3), "cache position out of range");
-    const int64_t s_stride = kc.stride(1), h_stride = kc.stride(2);
-    const at::Tensor vis = visible.contiguous();
-    const int64_t qw = hq * d, kw = hkv * d;
+    const int64_t l_stride = kc.stride(0), s_stride = kc.stride(1), h_stride = kc.stride(2);
     at::Tensor stacked_mask;  // prefill: [B, 1, G T, span] additive (0 / -inf), made once for every layer
     if (prefill) {
       const int64_t g = hq / hkv;
       const at::Tensor add = at::zeros({b, t, span}, h.options()).masked_fill_(vis.logical_not(), -INFINITY);
       stacked_mask = add.view({b, 1, 1, t, span}).expand({b, 1, g, t, span}).reshape({b, 1, g * t, span});
     }
+    const PassBuffers pb = buffers_for(m, prefill);
+    at::Tensor space = at::empty({2 * pb.elements + pb.scratch_bytes}, h.options().dtype(at::kByte));
+    at::Tensor out = at::empty({m, c}, h.options());  // x of every layer after the first, then the result
+    auto* base = reinterpret_cast<uint16_t*>(space.data_ptr<uint8_t>());
+    uint8_t* scratch = space.data_ptr<uint8_t>() + 2 * pb.elements;
+    uint16_t* hp = bf16_pointer_mut(h);
+    uint16_t* xo = bf16_pointer_mut(out);
+    const uint16_t* cp = bf16_pointer(cc);
+    const uint16_t* sp = bf16_pointer(sc);
+    auto* kcache = reinterpret_cast<uint16_t*>(kc.data_ptr<at::BFloat16>());
+    auto* vcache = reinterpret_cast<uint16_t*>(vc.data_ptr<at::BFloat16>());
+    uint16_t *q_rot = base + pb.q_rot, *k_rot = base + pb.k_rot, *o_out = base + pb.o_out;
+    uint16_t *act = base + pb.act, *down_out = base + pb.down_out;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& L = layers[i];
-      at::Tensor qx, kx, vx;  // [M, H D], [M, H_kv D] x 2: views of one fused output, or three outputs
+      const uint16_t* xin = i == 0 ? bf16_pointer(x) : xo;
+      // q, k, v [M, H D], [M, H_kv D] x 2: columns of one fused output, or three outputs
+      uint16_t *qx = base + pb.qkv, *kx = qx + qw, *vx = qx + qw + kw;
+      int64_t q_stride = qw + 2 * kw, k_stride = q_stride, v_stride = q_stride;
       if (L.qkv.size() == 1) {
-        const at::Tensor qkv = project(L.qkv[0], x);  // [M, (H + 2 H_kv) D]
-        qx = qkv.narrow(1, 0, qw), kx = qkv.narrow(1, qw, kw), vx = qkv.narrow(1, qw + kw, kw);
+        L.qkv[0].run(xin, m, c, qx, scratch, prefill);
       } else {
-        qx = project(L.qkv[0], x), kx = project(L.qkv[1], x), vx = project(L.qkv[2], x);
+        kx = qx + m * qw, vx = kx + m * kw, q_stride = qw, k_stride = kw, v_stride = kw;
+        L.qkv[0].run(xin, m, c, qx, scratch, prefill);
+        L.qkv[1].run(xin, m, c, kx, scratch, prefill);
+        L.qkv[2].run(xin, m, c, vx, scratch, prefill);
       }
-      const at::Tensor q = rotary(qx, cos, sin, hq, d);  // [M, H, D]
-      const at::Tensor k = rotary(kx, cos, sin, hkv, d);  // [M, H_kv, D]
-      auto* kl = reinterpret_cast<uint16_t*>(kc[i].data_ptr<at::BFloat16>());
-      auto* vl = reinterpret_cast<uint16_t*>(vc[i].data_ptr<at::BFloat16>());
-      const auto* ks = bf16_pointer(k);
-      const auto* vs = bf16_pointer(vx);
-      const int64_t qkv_stride = vx.stride(0);
+      rotary_at(qx, q_stride, cp, sp, q_rot, m, hq, d);  // [M, H, D]
+      rotary_at(kx, k_stride, cp, sp, k_rot, m, hkv, d);  // [M, H_kv, D]
+      uint16_t* kl = kcache + static_cast<int64_t>(i) * l_stride;
+      uint16_t* vl = vcache + static_cast<int64_t>(i) * l_stride;
       for (int64_t r = 0; r < m; ++r)
         for (int64_t g = 0; g < hkv; ++g) {
           const int64_t dst = rp[r / t] * s_stride + g * h_stride + wp[r] * d;
-          std::memcpy(kl + dst, ks + (r * hkv + g) * d, 2 * d);
-          std::memcpy(vl + dst, vs + r * qkv_stride + g * d, 2 * d);
+          std::memcpy(kl + dst, k_rot + (r * hkv + g) * d, 2 * d);
+          std::memcpy(vl + dst, vx + r * v_stride + g * d, 2 * d);
         }
-      const at::Tensor out = prefill ? prefill_attention(q, kc[i], vc[i], rc, b, t, span, stacked_mask)
-                                     : attention_of_rows(q, kl, s_stride, h_stride, vl, s_stride, h_stride, rp, vis,
-                                                         b, t, hkv, span, 1.0 / std::sqrt(static_cast<double>(d)));
-      x = rms_norm(h, project(L.o, out.view({m, qw})), L.post_norm, eps);
-      at::Tensor gate, up;  // [M, F] each, with the same row stride
-      if (L.gate_up.size() == 1) {
-        const at::Tensor gu = project(L.gate_up[0], x);  // [M, 2F]
-        gate = gu.narrow(1, 0, inter), up = gu.narrow(1, inter, inter);
+      const uint16_t* attn = base + pb.attn;  // [M, H, D]
+      at::Tensor prompt_attn;  // (prefill: torch's output, read by o)
+      if (prefill) {
+        const at::Tensor q = at::from_blob(q_rot, {m, hq, d}, h.options());
+        prompt_attn = prefill_attention(q, kc[i], vc[i], rc, b, t, span, stacked_mask);
+        attn = bf16_pointer(prompt_attn);
       } else {
-        gate = project(L.gate_up[0], x), up = project(L.gate_up[1], x);
+        attention_of_rows(q_rot, true, hq, d, kl, s_stride, h_stride, vl, s_stride, h_stride, rp,
+                          vis.data_ptr<bool>(), b, t, hkv, span, scale, base + pb.attn);
       }
-      x = rms_norm(h, project(L.down, silu_mul(gate, up)), L.next_norm, eps);
+      L.o.run(attn, m, qw, o_out, scratch, prefill);
+      rms_norm_at(hp, o_out, L.post, xo, m, c, eps);
+      // gate, up [M, F] each, rows `gu_stride` apart: halves of one fused output, or two outputs
+      uint16_t *gate = base + pb.gate_up, *up = gate + f;
+      int64_t gu_stride = 2 * f;
+      if (L.gate_up.size() == 1) {
+        L.gate_up[0].run(xo, m, c, gate, scratch, prefill);
+      } else {
+        up = gate + m * f, gu_stride = f;
+        L.gate_up[0].run(xo, m, c, gate, scratch, prefill);
+        L.gate_up[1].run(xo, m, c, up, scratch, prefill);
+      }
+      silu_mul_at(gate, up, gu_stride, act, m, f);
+      L.down.run(act, m, f, down_out, scratch, prefill);
+      rms_norm_at(hp, down_out, L.next, xo, m, c, eps);
     }
-    return x;
+    return out;
   }
 };
 
@@ -752,24 +1006,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &verispec::silu_mul, "gate, up [M, F] bf16 -> silu(gate) * up [M, F]");
   m.def("stream_read", &verispec::stream_read, "read every byte of a tensor once (bandwidth probe)");
   py::class_<verispec::Projection>(m, "Projection")
-      .def(py::init([](int64_t kind, at::Tensor w, c10::optional<at::Tensor> scale, c10::optional<at::Tensor> bias,
-                       int64_t n, int64_t k) {
-             TORCH_CHECK(kind >= 0 && kind <= 3, "kind must be 0 (bf16), 1 (int8), 2 (Q4_K) or 3 (Q6_K)");
-             TORCH_CHECK(kind != 1 || scale.has_value(), "an int8 projection needs its scales");
-             return verispec::Projection{kind, n, k, w, scale.value_or(at::Tensor()), bias};
-           }),
+      .def(py::init(&verispec::projection_of),
            py::arg("kind"), py::arg("w"), py::arg("scale"), py::arg("bias"), py::arg("n"), py::arg("k"));
   py::class_<verispec::Layers>(m, "Layers")
       .def(py::init([](const std::vector<std::tuple<std::vector<verispec::Projection>, verispec::Projection,
                                                     std::vector<verispec::Projection>, verispec::Projection,
                                                     at::Tensor, at::Tensor>>& specs,
                        int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter, double eps) {
-             verispec::Layers out{{}, heads, kv_heads, head_dim, inter, eps};
+             TORCH_CHECK(!specs.empty(), "Layers needs at least one layer");
+             verispec::Layers out{{}, heads, kv_heads, head_dim, inter, std::get<4>(specs[0]).numel(), eps};
              for (const auto& [qkv, o, gate_up, down, post, next] : specs) {
                TORCH_CHECK((qkv.size() == 1 || qkv.size() == 3) && (gate_up.size() == 1 || gate_up.size() == 2),
                            "q/k/v are 1 fused or 3 projections, gate/up 1 or 2");
                out.layers.push_back({qkv, gate_up, o, down, post, next});
              }
+             out.prepare();
              return out;
            }),
            "[([qkv] or [q, k, v], o, [gate_up] or [gate, up], down, post_attention_norm, next_norm), ...] per "
