@@ -748,11 +748,12 @@ struct Layer {
   const uint16_t* next = nullptr;
 };
 
-// Where a pass's intermediate rows lie in one buffer, for M rows (bf16 elements from the start;
-// each array on its own cache lines), then the projections' scratch (bytes): the same for every
-// layer of the pass.
+// A pass's intermediate rows (bf16, M rows each) and the projections' scratch, the same for every
+// layer of the pass. Separate blocks: a prompt's chunk needs tens of megabytes, and glibc serves
+// blocks of up to 32 MB again from its heap, where one larger block is mapped and faulted in
+// afresh every pass (prefill 3-5% slower).
 struct PassBuffers {
-  int64_t qkv, q_rot, k_rot, attn, o_out, gate_up, act, down_out, elements, scratch_bytes;
+  at::Tensor qkv, q_rot, k_rot, attn, o_out, gate_up, act, down_out, scratch;
 };
 
 struct Layers {
@@ -794,34 +795,21 @@ struct Layers {
     }
   }
 
-  PassBuffers buffers_for(int64_t m, bool prefill) const {
+  PassBuffers buffers_for(int64_t m, bool prefill, const at::TensorOptions& bf16) const {
     const int64_t qw = heads * head_dim, kw = kv_heads * head_dim;
-    PassBuffers p{};
-    int64_t at = 0;
-    const auto take = [&](int64_t elements) {
-      const int64_t offset = at;
-      at += (elements + 31) / 32 * 32;  // (64 bytes)
-      return offset;
-    };
-    p.qkv = take(m * (qw + 2 * kw));
-    p.q_rot = take(m * qw);
-    p.k_rot = take(m * kw);
-    p.attn = take(m * qw);
-    p.o_out = take(m * hidden);
-    p.gate_up = take(m * 2 * inter);
-    p.act = take(m * inter);
-    p.down_out = take(m * hidden);
-    p.elements = at;
+    int64_t scratch = 1;
     for (const Layer& L : layers) {
-      const auto need = [&](const Projection& proj, int64_t cols) {
-        p.scratch_bytes = std::max(p.scratch_bytes, proj.scratch_bytes(m, cols, prefill));
+      const auto need = [&](const Projection& p, int64_t cols) {
+        scratch = std::max(scratch, p.scratch_bytes(m, cols, prefill));
       };
-      for (const Projection& proj : L.qkv) need(proj, hidden);
-      for (const Projection& proj : L.gate_up) need(proj, hidden);
+      for (const Projection& p : L.qkv) need(p, hidden);
+      for (const Projection& p : L.gate_up) need(p, hidden);
       need(L.o, qw);
       need(L.down, inter);
     }
-    return p;
+    const auto rows = [&](int64_t width) { return at::empty({m, width}, bf16); };
+    return {rows(qw + 2 * kw), rows(qw), rows(kw), rows(qw), rows(hidden), rows(2 * inter), rows(inter), rows(hidden),
+            at::empty({scratch}, bf16.dtype(at::kByte))};
   }
 
   // h [M, C] bf16 (the residual stream, updated in place), x [M, C] = the first layer's input
@@ -867,25 +855,25 @@ struct Layers {
       const at::Tensor add = at::zeros({b, t, span}, h.options()).masked_fill_(vis.logical_not(), -INFINITY);
       stacked_mask = add.view({b, 1, 1, t, span}).expand({b, 1, g, t, span}).reshape({b, 1, g * t, span});
     }
-    const PassBuffers pb = buffers_for(m, prefill);
-    at::Tensor space = at::empty({2 * pb.elements + pb.scratch_bytes}, h.options().dtype(at::kByte));
+    PassBuffers pb = buffers_for(m, prefill, h.options());
     at::Tensor out = at::empty({m, c}, h.options());  // x of every layer after the first, then the result
-    auto* base = reinterpret_cast<uint16_t*>(space.data_ptr<uint8_t>());
-    uint8_t* scratch = space.data_ptr<uint8_t>() + 2 * pb.elements;
+    uint8_t* scratch = pb.scratch.data_ptr<uint8_t>();
     uint16_t* hp = bf16_pointer_mut(h);
     uint16_t* xo = bf16_pointer_mut(out);
     const uint16_t* cp = bf16_pointer(cc);
     const uint16_t* sp = bf16_pointer(sc);
     auto* kcache = reinterpret_cast<uint16_t*>(kc.data_ptr<at::BFloat16>());
     auto* vcache = reinterpret_cast<uint16_t*>(vc.data_ptr<at::BFloat16>());
-    uint16_t *q_rot = base + pb.q_rot, *k_rot = base + pb.k_rot, *o_out = base + pb.o_out;
-    uint16_t *act = base + pb.act, *down_out = base + pb.down_out;
+    uint16_t *qkv = bf16_pointer_mut(pb.qkv), *q_rot = bf16_pointer_mut(pb.q_rot), *k_rot = bf16_pointer_mut(pb.k_rot);
+    uint16_t *attn_out = bf16_pointer_mut(pb.attn), *o_out = bf16_pointer_mut(pb.o_out);
+    uint16_t *gate_up = bf16_pointer_mut(pb.gate_up), *act = bf16_pointer_mut(pb.act);
+    uint16_t* down_out = bf16_pointer_mut(pb.down_out);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& L = layers[i];
       const uint16_t* xin = i == 0 ? bf16_pointer(x) : xo;
       // q, k, v [M, H D], [M, H_kv D] x 2: columns of one fused output, or three outputs
-      uint16_t *qx = base + pb.qkv, *kx = qx + qw, *vx = qx + qw + kw;
+      uint16_t *qx = qkv, *kx = qx + qw, *vx = qx + qw + kw;
       int64_t q_stride = qw + 2 * kw, k_stride = q_stride, v_stride = q_stride;
       if (L.qkv.size() == 1) {
         L.qkv[0].run(xin, m, c, qx, scratch, prefill);
@@ -905,7 +893,7 @@ struct Layers {
           std::memcpy(kl + dst, k_rot + (r * hkv + g) * d, 2 * d);
           std::memcpy(vl + dst, vx + r * v_stride + g * d, 2 * d);
         }
-      const uint16_t* attn = base + pb.attn;  // [M, H, D]
+      const uint16_t* attn = attn_out;  // [M, H, D]
       at::Tensor prompt_attn;  // (prefill: torch's output, read by o)
       if (prefill) {
         const at::Tensor q = at::from_blob(q_rot, {m, hq, d}, h.options());
@@ -913,12 +901,12 @@ struct Layers {
         attn = bf16_pointer(prompt_attn);
       } else {
         attention_of_rows(q_rot, true, hq, d, kl, s_stride, h_stride, vl, s_stride, h_stride, rp,
-                          vis.data_ptr<bool>(), b, t, hkv, span, scale, base + pb.attn);
+                          vis.data_ptr<bool>(), b, t, hkv, span, scale, attn_out);
       }
       L.o.run(attn, m, qw, o_out, scratch, prefill);
       rms_norm_at(hp, o_out, L.post, xo, m, c, eps);
       // gate, up [M, F] each, rows `gu_stride` apart: halves of one fused output, or two outputs
-      uint16_t *gate = base + pb.gate_up, *up = gate + f;
+      uint16_t *gate = gate_up, *up = gate + f;
       int64_t gu_stride = 2 * f;
       if (L.gate_up.size() == 1) {
         L.gate_up[0].run(xo, m, c, gate, scratch, prefill);
