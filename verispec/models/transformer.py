@@ -369,8 +369,9 @@ class Transformer(nn.Module):
     def _native_layer_loop(self) -> Any:
         """Every decoder layer as one kernel call per forward pass (``Layers.forward`` in
         ``csrc/bindings.cpp``: the same operations as :meth:`_layers_on_kernels`' loop, without
-        ~12 Python calls per layer), or None when some layer's projections are not all packed and
-        fused (then the Python loop runs them)."""
+        ~12 Python calls per layer, and no torch call between its kernels: torch's code and data
+        are evicted while a projection streams its weights), or None when some layer's projections
+        are not all packed and fused (then the Python loop runs them)."""
         from verispec.kernels import load
         from verispec.kernels.linear import Bf16Linear, Int8Linear, Q4KLinear, Q6KLinear
 
