@@ -463,6 +463,37 @@ def test_shapes_are_checked() -> None:
         load().q4k_linear(torch.randn(2, 0), lin.q4k, 16, 256, None)
 
 
+def test_the_layer_loop_refuses_projections_that_do_not_fit() -> None:
+    """``Layers`` (every decoder layer in one call, its kernels on raw pointers) checks each packed
+    projection against its bytes and each layer against the model's shapes when it is made: a
+    wrong size is an error there, never a read past a buffer in the loop."""
+    from verispec.kernels import Int8Linear, load
+
+    ops = load()
+    c, heads, kv_heads, d, f = 64, 2, 1, 32, 64  # q 64 wide, k and v 32 each
+
+    def proj(n: int, k: int, packed_n: int | None = None) -> object:
+        lin = Int8Linear.from_weight(torch.randn(packed_n or n, k))
+        return ops.Projection(1, lin.int8, lin.int8_scale, None, n, k)
+
+    norm = torch.ones(c, dtype=torch.bfloat16)
+
+    def layers(o: object, post: torch.Tensor = norm) -> object:
+        layer = ([proj(128, c)], o, [proj(2 * f, c)], proj(c, f), post, norm)
+        return ops.Layers([layer], heads, kv_heads, d, c, f, 1e-6)
+
+    layers(proj(c, heads * d))  # the shapes that fit
+    with pytest.raises(RuntimeError, match=r"packed int8 has \d+ elements, expected \d+"):
+        proj(48, c, packed_n=16)
+    lin = Int8Linear.from_weight(torch.randn(16, c))
+    with pytest.raises(RuntimeError, match="needs its scales"):
+        ops.Projection(1, lin.int8, None, None, 16, c)
+    with pytest.raises(RuntimeError, match=r"o must be \[64 x 64\], got \[32 x 64\]"):
+        layers(proj(32, heads * d))
+    with pytest.raises(RuntimeError, match=r"a norm's weight must be \[64\]"):
+        layers(proj(c, heads * d), post=torch.ones(32, dtype=torch.bfloat16))
+
+
 def test_a_cpu_without_the_instructions_gets_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from verispec.formats.loader import bf16_kernel_usable, check_precision
     from verispec.kernels import build, dispatch

@@ -404,7 +404,8 @@ class Transformer(nn.Module):
             after = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
             specs.append((qkv_p, o, gate_up_p, down, layer.post_attention_layernorm.weight, after))
         cfg = self.config
-        return ops.Layers(specs, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
+        return ops.Layers(specs, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, cfg.intermediate_size,
+                          cfg.rms_norm_eps)  # fmt: skip
 
     def _pack_bf16(self) -> int:
         """Move every dense bf16 CPU projection whose input size is a multiple of 32 (and the LM

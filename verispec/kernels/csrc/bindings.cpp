@@ -766,6 +766,7 @@ struct Layers {
   void prepare() {
     const int64_t qw = heads * head_dim, kw = kv_heads * head_dim, c = hidden, f = inter;
     TORCH_CHECK(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, "query heads must be a multiple of kv heads");
+    TORCH_CHECK(hidden >= 1 && inter >= 1, "hidden and intermediate sizes must be positive");
     TORCH_CHECK(head_dim % 32 == 0 && head_dim <= 256, "head size must be a multiple of 32 up to 256, got ", head_dim);
     for (Layer& L : layers) {
       const auto fits = [](const Projection& p, int64_t n, int64_t cols, const char* what) {
@@ -855,6 +856,7 @@ struct Layers {
       const at::Tensor add = at::zeros({b, t, span}, h.options()).masked_fill_(vis.logical_not(), -INFINITY);
       stacked_mask = add.view({b, 1, 1, t, span}).expand({b, 1, g, t, span}).reshape({b, 1, g * t, span});
     }
+    if (layers.empty()) return x;
     PassBuffers pb = buffers_for(m, prefill, h.options());
     at::Tensor out = at::empty({m, c}, h.options());  // x of every layer after the first, then the result
     uint8_t* scratch = pb.scratch.data_ptr<uint8_t>();
@@ -1000,9 +1002,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](const std::vector<std::tuple<std::vector<verispec::Projection>, verispec::Projection,
                                                     std::vector<verispec::Projection>, verispec::Projection,
                                                     at::Tensor, at::Tensor>>& specs,
-                       int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter, double eps) {
-             TORCH_CHECK(!specs.empty(), "Layers needs at least one layer");
-             verispec::Layers out{{}, heads, kv_heads, head_dim, inter, std::get<4>(specs[0]).numel(), eps};
+                       int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t inter, double eps) {
+             verispec::Layers out{{}, heads, kv_heads, head_dim, inter, hidden, eps};
              for (const auto& [qkv, o, gate_up, down, post, next] : specs) {
                TORCH_CHECK((qkv.size() == 1 || qkv.size() == 3) && (gate_up.size() == 1 || gate_up.size() == 2),
                            "q/k/v are 1 fused or 3 projections, gate/up 1 or 2");
@@ -1012,7 +1013,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return out;
            }),
            "[([qkv] or [q, k, v], o, [gate_up] or [gate, up], down, post_attention_norm, next_norm), ...] per "
-           "layer, then the shapes")
+           "layer, then the shapes: heads, kv_heads, head_dim, hidden, inter, eps")
       .def("forward", &verispec::Layers::forward,
            "h, x, cos, sin, k_cache, v_cache, rows, write_pos, span, visible, prefill -> the final norm of h (one "
            "call for every decoder layer; prefill: a prompt's chunk, int8 / Q4_K projections on the prefill kernels "
