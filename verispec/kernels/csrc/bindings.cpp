@@ -650,9 +650,9 @@ struct Projection {
   int64_t kind, n, k;
   at::Tensor w, scale;
   c10::optional<at::Tensor> bias;
-  const void* wp;  // w's, scale's and bias's data (scale, bias: null when absent)
-  const float* sp;
-  const float* bp;
+  const void* w_data;  // w's, scale's and bias's data (scale, bias: null when absent)
+  const float* scale_data;
+  const float* bias_data;
 
   // Whether a prompt's rows (prefill) run on the prefill kernels: int8 and Q4_K where the tier has AMX.
   bool on_prefill_kernels(bool prefill) const { return prefill && kHasAmx && (kind == 1 || kind == 2); }
@@ -673,20 +673,20 @@ struct Projection {
   // q4k_prefill_linear where the tier has AMX), with no torch call.
   void run(const uint16_t* x, int64_t m, int64_t x_cols, uint16_t* y, uint8_t* scratch, bool prefill) const {
     const RowsIO io{x, true, m, x_cols, y, true, scratch};
-    const auto* bytes = static_cast<const uint8_t*>(wp);
+    const auto* bytes = static_cast<const uint8_t*>(w_data);
     if (on_prefill_kernels(prefill)) {
       if (kind == 1)
-        int8_prefill_rows(io, bytes, sp, n, k, bp);
+        int8_prefill_rows(io, bytes, scale_data, n, k, bias_data);
       else
-        q4k_prefill_rows(io, bytes, n, k, bp);
+        q4k_prefill_rows(io, bytes, n, k, bias_data);
     } else if (kind == 0) {
-      bf16_rows(io, static_cast<const uint16_t*>(wp), n, k, bp);
+      bf16_rows(io, static_cast<const uint16_t*>(w_data), n, k, bias_data);
     } else if (kind == 1) {
-      w8a8_rows(io, bytes, sp, n, k, bp, tiles(m));
+      w8a8_rows(io, bytes, scale_data, n, k, bias_data, tiles(m));
     } else if (kind == 3) {
-      q6k_rows(io, bytes, n, k, bp);
+      q6k_rows(io, bytes, n, k, bias_data);
     } else {
-      q4k_rows(io, bytes, n, k, bp, tiles(m));
+      q4k_rows(io, bytes, n, k, bias_data, tiles(m));
     }
   }
   // Whether x rows of `cols` inputs fit it (Q4_K: narrower by less than 256 when it was padded).
@@ -749,9 +749,8 @@ struct Layer {
 };
 
 // A pass's intermediate rows (bf16, M rows each) and the projections' scratch, the same for every
-// layer of the pass. Separate blocks: a prompt's chunk needs tens of megabytes, and glibc serves
-// blocks of up to 32 MB again from its heap, where one larger block is mapped and faulted in
-// afresh every pass (prefill 3-5% slower).
+// layer of the pass. Separate blocks: a prompt's chunk needs ~36 MB in all, and glibc serves
+// blocks of up to 32 MB again from its heap, where it maps a larger one afresh every pass.
 struct PassBuffers {
   at::Tensor qkv, q_rot, k_rot, attn, o_out, gate_up, act, down_out, scratch;
 };
@@ -830,12 +829,11 @@ struct Layers {
                     kc.scalar_type() == at::kBFloat16 && vc.scalar_type() == at::kBFloat16,
                 "caches must be contiguous bf16 [layers, slots, H_kv, positions, D]");
     TORCH_CHECK(rows.scalar_type() == at::kLong && write_pos.scalar_type() == at::kLong && write_pos.size(0) == b &&
-                    span >= 1 && span <= kc.size(3),
+                    span >= 0 && span <= kc.size(3),
                 "rows [B] / write_pos [B, T] int64 must match h's M = B * T rows");
-    for (const at::Tensor* rows_of_c : {static_cast<const at::Tensor*>(&h), &x}) {
-      check_bf16_cpu(*rows_of_c, "h and x");
-      TORCH_CHECK(rows_of_c->dim() == 2 && rows_of_c->size(0) == m && rows_of_c->size(1) == c &&
-                      rows_of_c->is_contiguous(),
+    for (const at::Tensor* t_mc : {static_cast<const at::Tensor*>(&h), &x}) {  // [M, C] each
+      check_bf16_cpu(*t_mc, "h and x");
+      TORCH_CHECK(t_mc->dim() == 2 && t_mc->size(0) == m && t_mc->size(1) == c && t_mc->is_contiguous(),
                   "h and x must be contiguous [M, ", c, "] with M = B * T = ", m);
     }
     check_bf16_cpu(cos, "cos");
