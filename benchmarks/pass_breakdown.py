@@ -10,7 +10,11 @@ the op-by-op pass (Python between the calls, the KV cache writes, the embedding)
 over T = 1 and each ``--widths`` after ``--context`` cached tokens, in turns, the cache rolled
 back after each; reported are medians over ``--rounds`` rounds of the mean of ``--passes`` passes.
 The one-call pass (what decoding runs) is timed in the same rounds, so the table says how much
-the op-by-op path adds (mostly Python around ~300 calls).
+the op-by-op path adds (mostly Python around ~300 calls). Each op's time includes the torch call
+around its kernel, whose code and data a projection's weight stream has evicted (~20 us for the
+first call after a projection on an Intel Xeon with AMX: ``results/torch_free_loop_intel.md``);
+the one-call pass makes no such call between its kernels, so the small operations' rows overstate
+what they cost there.
 
 The column that matters for speculation is ``T - 1``: what verifying T tokens costs over one
 decode step, op by op (the policy's c(T) and the S(alpha, K, c) model rest on it).
