@@ -102,18 +102,25 @@ ActivationBuffers quantize_at(const RowsIO& io, int64_t k, const ActivationLayou
   return out;
 }
 
-// io's x quantised (quantize_at) and the W8A8Args of x and y [m, n] (the weights' fields are the
-// caller's).
-W8A8Args quantized_args(const RowsIO& io, int64_t n, int64_t k, bool q4k, bool interleave, const float* bias) {
-  const ActivationBuffers buffers = quantize_at(io, k, activation_layout(io.m, k, q4k, interleave));
-  W8A8Args a{};
-  point_at_activations(buffers, io.m, k, a);
+// The fields W8A8Args and Bf16Args share, for io's rows times weights [n, k] (+ bias) into y.
+template <class Args>
+Args rows_args(const RowsIO& io, int64_t n, int64_t k, const float* bias) {
+  Args a{};
   a.bias = bias;
   a.y = io.y;
   a.M = io.m;
   a.N = n;
   a.K = k;
   a.out_bf16 = io.y_bf16;
+  return a;
+}
+
+// io's x quantised (quantize_at) and the W8A8Args of x and y [m, n] (the weights' fields are the
+// caller's).
+W8A8Args quantized_args(const RowsIO& io, int64_t n, int64_t k, bool q4k, bool interleave, const float* bias) {
+  const ActivationBuffers buffers = quantize_at(io, k, activation_layout(io.m, k, q4k, interleave));
+  W8A8Args a = rows_args<W8A8Args>(io, n, k, bias);
+  point_at_activations(buffers, io.m, k, a);
   return a;
 }
 
@@ -365,7 +372,7 @@ int64_t bf16_scratch_bytes(int64_t m, int64_t k) { return kWidenX ? 4 * m * k : 
 
 // io's bf16 rows [m, k] times the packed bf16 weights w [n, k] (+ bias), fp32 sums.
 void bf16_rows(const RowsIO& io, const uint16_t* w, int64_t n, int64_t k, const float* bias) {
-  Bf16Args a{};
+  Bf16Args a = rows_args<Bf16Args>(io, n, k, bias);
   a.w = w;
   a.x = static_cast<const uint16_t*>(io.x);
   float* xf = kWidenX ? reinterpret_cast<float*>(io.scratch) : nullptr;
@@ -377,12 +384,6 @@ void bf16_rows(const RowsIO& io, const uint16_t* w, int64_t n, int64_t k, const 
       }
     });
   a.xf = xf;
-  a.bias = bias;
-  a.y = io.y;
-  a.M = io.m;
-  a.N = n;
-  a.K = k;
-  a.out_bf16 = io.y_bf16;
   // grain 4: a thread's range is whole groups of four row blocks (bf16.cpp's unit)
   at::parallel_for(0, row_blocks(n), 4, [&](int64_t b, int64_t e) {
     if (kHasAmx)
@@ -410,14 +411,8 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 // The prefill kernels' arguments (amx/prefill.cpp) for io's bf16 rows [m, k] into y [m, n].
 Bf16Args prefill_args(const RowsIO& io, int64_t n, int64_t k, const float* bias) {
   TORCH_CHECK(kHasAmx && amx_permitted(), "the prefill kernels need the amx tier and AMX permitted");
-  Bf16Args a{};
+  Bf16Args a = rows_args<Bf16Args>(io, n, k, bias);
   a.x = static_cast<const uint16_t*>(io.x);
-  a.bias = bias;
-  a.y = io.y;
-  a.M = io.m;
-  a.N = n;
-  a.K = k;
-  a.out_bf16 = io.y_bf16;
   return a;
 }
 
@@ -759,6 +754,9 @@ struct Layers {
   std::vector<Layer> layers;
   int64_t heads, kv_heads, head_dim, inter, hidden;
   double eps;
+  // one projection of each (kind, k, input width) the layers hold (prepare): what the scratch of a
+  // pass must fit, without scanning every layer every pass
+  std::vector<std::pair<Projection, int64_t>> shapes;
 
   // Checks every layer against the shapes and points at its norms (once, when made: the loop
   // trusts them).
@@ -792,21 +790,22 @@ struct Layers {
       }
       L.post = bf16_pointer(L.post_norm);
       L.next = bf16_pointer(L.next_norm);
+      const auto keep = [&](const Projection& p, int64_t cols) {
+        for (const auto& [q, q_cols] : shapes)
+          if (q.kind == p.kind && q.k == p.k && q_cols == cols) return;
+        shapes.emplace_back(p, cols);
+      };
+      for (const Projection& p : L.qkv) keep(p, c);
+      for (const Projection& p : L.gate_up) keep(p, c);
+      keep(L.o, qw);
+      keep(L.down, f);
     }
   }
 
   PassBuffers buffers_for(int64_t m, bool prefill, const at::TensorOptions& bf16) const {
     const int64_t qw = heads * head_dim, kw = kv_heads * head_dim;
     int64_t scratch = 1;
-    for (const Layer& L : layers) {
-      const auto need = [&](const Projection& p, int64_t cols) {
-        scratch = std::max(scratch, p.scratch_bytes(m, cols, prefill));
-      };
-      for (const Projection& p : L.qkv) need(p, hidden);
-      for (const Projection& p : L.gate_up) need(p, hidden);
-      need(L.o, qw);
-      need(L.down, inter);
-    }
+    for (const auto& [p, cols] : shapes) scratch = std::max(scratch, p.scratch_bytes(m, cols, prefill));
     const auto rows = [&](int64_t width) { return at::empty({m, width}, bf16); };
     return {rows(qw + 2 * kw), rows(qw), rows(kw), rows(qw), rows(hidden), rows(2 * inter), rows(inter), rows(hidden),
             at::empty({scratch}, bf16.dtype(at::kByte))};
