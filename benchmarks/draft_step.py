@@ -4,13 +4,17 @@ The default pair at the machine's defaults, greedy (or sampled: ``--temperature`
 the model drafter proposes ``--k`` tokens after a short code prompt, ``--rounds`` times (nothing
 accepted: the draft cache goes back and one token is committed each round, so the context stays
 ~the same). Per draft token, medians over the rounds: the whole proposal, the native decoder
-layers, the Python of the forward pass around them (cache plan, masks, RoPE, embedding), the
-restricted LM head, and the rest of the proposal (laws, sampling, bookkeeping). To compare two
+layers of the passes Python runs, the native drafting loop (greedy drafts: every pass after the
+first in one call, its layers, heads and picks), the Python of the forward pass around the layers
+(cache plan, masks, RoPE, embedding), the restricted LM head, and the rest of the proposal (laws,
+sampling, bookkeeping). ``--loop both`` alternates greedy proposals with the native loop and with
+the Python loop round by round (the same drafter, the same tokens) and prints both. To compare two
 versions of the Python, run it from two checkouts in turn (``PYTHONPATH=OTHER_CHECKOUT python
 benchmarks/draft_step.py``): the host's speed moves by 20-30% from minute to minute, so alternate
 them and compare the parts, not one run against another.
 
-    python benchmarks/draft_step.py [--k 4] [--rounds 80] [--temperature 0.7 --top-p 0.95] [--json out.json]
+    python benchmarks/draft_step.py [--k 4] [--rounds 80] [--temperature 0.7 --top-p 0.95] [--loop both]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import verispec
+from verispec.cli.doctor import machine_line
 from verispec.config import SamplingParams
 from verispec.drafters.base import BatchView
 from verispec.pipeline import build, machine_defaults
@@ -48,6 +53,7 @@ class _Timed:
 
     def __init__(self, inner: Any, into: list[float]) -> None:
         self.forward = timed(inner.forward, into)
+        self.draft_greedy = inner.draft_greedy
 
 
 def main() -> None:
@@ -56,6 +62,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=80)
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled drafts (laws built and drawn from)")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument(
+        "--loop",
+        choices=("native", "python", "both"),
+        default="native",
+        help="greedy drafts: the native drafting loop (where it runs), Python's, or both alternating",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     picked = machine_defaults(TARGET, DRAFT, "cpu")
@@ -64,43 +76,52 @@ def main() -> None:
     drafter = pipe.engine.drafter
     model = drafter.model
     native: list[float] = []
+    chain: list[float] = []
     forward: list[float] = []
     head: list[float] = []
     if model._native_layers is None:
         raise SystemExit("the draft does not run on verispec's kernels here: nothing to split")
     model._native_layers = _Timed(model._native_layers, native)
     model.forward_with_hidden = timed(model.forward_with_hidden, forward)
+    model.draft_greedy = timed(model.draft_greedy, chain)
     if drafter._head_module is not None:
         drafter._head_module.forward = timed(drafter._head_module.forward, head)
+    natively = drafter._greedy_natively
+    loops = ["native", "python"] if args.loop == "both" else [args.loop]
     context = list(pipe.target.tokenizer.encode(PROMPT))
     drafter.begin("r", context)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     generator = None if params.greedy else make_generator(0)
-    proposals = []
-    for _ in range(args.rounds + 1):
-        for times in (native, forward, head):
+    proposals: dict[str, list[tuple[float, ...]]] = {loop: [] for loop in loops}
+    for r in range(len(loops) * (args.rounds + 1)):
+        loop = loops[r % len(loops)]
+        drafter._greedy_natively = natively if loop == "native" else (lambda: False)  # type: ignore[method-assign]
+        for times in (native, chain, forward, head):
             times.clear()
         start = time.perf_counter()
         drafter.propose(BatchView(["r"], [params], [generator]), [args.k])
         whole = time.perf_counter() - start
         drafter.observe("r", [0])  # nothing accepted: the cache goes back
         context.append(context[-1])  # and one token is committed
-        parts = (sum(native), sum(forward) - sum(native), sum(head))
-        proposals.append((whole, *parts))
-    rows = proposals[1:]  # (the first fed the prompt)
-    ms = {
-        name: statistics.median(r[i] for r in rows) / args.k * 1e3
-        for i, name in enumerate(("draft token", "native layers", "forward's Python", "restricted head"))
-    }
-    ms["laws, sampling, rest"] = ms["draft token"] - sum(v for k, v in ms.items() if k != "draft token")
+        parts = (sum(native), sum(chain), sum(forward) - sum(native), sum(head))
+        proposals[loop].append((whole, *parts))
+    names = ("draft token", "native layers", "native drafting loop", "forward's Python", "restricted head")
     law = "greedy" if params.greedy else f"temperature {args.temperature}, top_p {args.top_p}"
     print(f"verispec from {Path(verispec.__file__).parent.parent}, K = {args.k}, {args.rounds} proposals, {law}")
-    for name, value in ms.items():
-        print(f"  {name:22s} {value:6.2f} ms")
+    print(f"  {machine_line()}")
+    table: dict[str, dict[str, float]] = {}
+    for loop, rounds in proposals.items():
+        rows = rounds[1:]  # (the first fed the prompt)
+        ms = {name: statistics.median(row[i] for row in rows) / args.k * 1e3 for i, name in enumerate(names)}
+        ms["laws, sampling, rest"] = ms["draft token"] - sum(v for k, v in ms.items() if k != "draft token")
+        table[loop] = ms
+    print("  " + " " * 22 + "".join(f"{loop + ' loop':>14s}" for loop in table))
+    for name in table[loops[0]]:
+        print(f"  {name:22s}" + "".join(f"{table[loop][name]:11.2f} ms" for loop in table))
     if args.json is not None:
         source = str(Path(verispec.__file__).parent)
         out = {"k": args.k, "rounds": args.rounds, "temperature": args.temperature, "top_p": args.top_p,
-               "verispec": source, "ms_per_draft_token": ms}  # fmt: skip
+               "verispec": source, "machine": machine_line(), "ms_per_draft_token": table}  # fmt: skip
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 

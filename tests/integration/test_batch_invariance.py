@@ -10,9 +10,11 @@ import torch
 from tests.kernels import require_kernels
 from tests.tiny import feed_tree_by_levels
 from verispec.config import EngineConfig, SamplingParams
+from verispec.drafters.base import BatchView
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
+from verispec.errors import InputError
 from verispec.formats import packing
 from verispec.models.config import ModelConfig
 from verispec.models.transformer import Transformer, random_state_dict, tree_attention_mask
@@ -148,6 +150,77 @@ def test_a_restricted_draft_head_on_the_kernels_scores_as_the_full_head(precisio
     assert [o.token_ids for o in e.generate(PROMPTS, params)] == [o.token_ids for o in plain.generate(PROMPTS, params)]
     assert d._pool  # ids of the requests' own outside the head, scored by rows cut from the packed head too
     assert d._pool_module is not None and torch.equal(d._pool_module(hidden)[0].float(), full[list(d._pool)])
+
+
+class _ConfidenceStop:
+    """A draft stop that records every call and ends a row's draft below a confidence."""
+
+    def __init__(self, below: float) -> None:
+        self.below = below
+        self.calls: list[tuple[int, int, float]] = []
+
+    def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
+        self.calls.append((row, drafted, confidence))
+        return confidence >= self.below
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4-all"])
+def test_greedy_drafting_in_one_native_call_equals_the_python_loop(precision: str) -> None:
+    """The model drafter's greedy drafts on the kernels (the first pass in Python, every further
+    pass in one native call: ``Transformer.draft_greedy``) are its Python loop's: the same tokens
+    and the same stop calls for rows of different lengths, a row drafting nothing, ids of the
+    requests' own outside the head (rows b and c), a stop ending rows by their confidence; and the
+    same draft cache afterwards (keys, values, lengths)."""
+    draft = model(precision, seed=1, noise=0.3)
+    prompts = {"a": PROMPTS[0], "b": [50, 61, 7, 8, 9, 70, 3], "c": PROMPTS[3]}  # ids >= 40: outside the head
+    lengths = [[5, 2, 7], [3, 0, 6], [6, 4, 1], [2, 6, 6]]
+    runs = []
+    for native in (True, False):
+        d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=128, draft_head=40)
+        assert d._greedy_natively()
+        if not native:
+            d._greedy_natively = lambda: False  # type: ignore[method-assign]
+        contexts = {rid: list(p) for rid, p in prompts.items()}
+        for rid, context in contexts.items():
+            d.begin(rid, context)
+        greedy = SamplingParams(temperature=0)
+        drafts, calls = [], []
+        for step, ks in enumerate(lengths * 2):
+            stop = _ConfidenceStop(0.05)
+            out = d.propose(BatchView(list(contexts), [greedy] * 3, [None] * 3, stop=stop), ks)
+            drafts.append((out.token_ids.tolist(), out.num_tokens.tolist(), out.probs))
+            calls.append(stop.calls)
+            for row, (rid, context) in enumerate(contexts.items()):
+                kept = [*out.token_ids[row, : min(step % 3, int(out.num_tokens[row]))].tolist(), step % 40]
+                d.observe(rid, kept)
+                context.extend(kept)
+        used = int(d.cache.lengths.max())
+        runs.append((drafts, calls, d.cache.k[:, :, :, :used].clone(), d.cache.v[:, :, :, :used].clone(),
+                     d.cache.lengths.clone()))  # fmt: skip
+    (drafts, calls, k, v, lens), (py_drafts, py_calls, py_k, py_v, py_lens) = runs
+    assert drafts == py_drafts
+    assert any(
+        n < max(ks) for (_, num, _), ks in zip(drafts, lengths * 2, strict=True) for n in num
+    )  # stops ended some
+    assert [[(r, n) for r, n, _ in c] for c in calls] == [[(r, n) for r, n, _ in c] for c in py_calls]
+    assert max(n for c in calls for _, n, _ in c) >= 4  # (passes of the native loop took part)
+    confidence = torch.tensor([f for c in calls for _, _, f in c])
+    torch.testing.assert_close(confidence, torch.tensor([f for c in py_calls for _, _, f in c]), rtol=1e-5, atol=0)
+    assert torch.equal(lens, py_lens) and torch.equal(k, py_k) and torch.equal(v, py_v)
+    assert d._pool  # (the head of the requests' own ids took part)
+
+
+def test_greedy_drafting_in_one_call_refuses_what_the_cache_cannot_hold() -> None:
+    draft = model("int8")
+    cache = draft.new_cache(1, 16)
+    slot = cache.add_sequence()
+    draft(torch.tensor([PROMPTS[2]]), None, cache, slots=[slot])  # 12 of 16 positions
+    d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=1, max_len=16, draft_head=40)
+    with pytest.raises(InputError, match="cannot hold 5 more"):
+        draft.draft_greedy(cache, [3], [slot], [5], d._head_native, d._head_ids)
+    assert int(cache.lengths[slot]) == 12
+    drafted, appended = draft.draft_greedy(cache, [3], [slot], [4], d._head_native, d._head_ids)
+    assert len(drafted[0]) == 4 and appended == [4] and int(cache.lengths[slot]) == 16
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "mixed"])

@@ -301,6 +301,42 @@ void layer_ops() {
   report("rotary", r);
 }
 
+// the greedy pick: bf16 and fp32 rows of 301 columns (a partial vector), a second segment with
+// blocked columns, ties, and rows without a token (NaN in a whole vector, +inf)
+void greedy_pick() {
+  const int64_t w = 301, e = 21;
+  std::vector<uint16_t> scores(4 * w);
+  std::vector<float> scores32(4 * w), more(4 * e);
+  std::vector<int64_t> ids(w), more_ids(e);
+  for (int64_t j = 0; j < w; ++j) ids[j] = 2 * j;
+  for (int64_t j = 0; j < e; ++j) more_ids[j] = 14 * j + 1;
+  for (size_t i = 0; i < scores.size(); ++i) {
+    scores32[i] = std::round(3.0f * normalish());  // ties
+    scores[i] = bf16_of(scores32[i]);
+  }
+  for (auto& v : more) v = 3.0f * normalish();
+  bool blocked[4 * e];
+  for (auto& b : blocked) b = uniform() < 0.5f;
+  scores[1 * w + 40] = bf16_of(std::numeric_limits<float>::quiet_NaN());
+  scores32[2 * w + 7] = std::numeric_limits<float>::infinity();
+  std::vector<int64_t> picked;
+  std::vector<float> confidence;
+  for (int64_t r = 0; r < 4; ++r)
+    for (bool bf16 : {true, false}) {
+      const PickSegment parts[2] = {
+          {bf16 ? static_cast<const void*>(scores.data() + r * w) : scores32.data() + r * w, bf16, w, ids.data(),
+           nullptr},
+          {more.data() + r * e, false, e, more_ids.data(), blocked + r * e}};
+      const PickResult one = pick_greedy(parts, 1), two = pick_greedy(parts, 2);
+      for (const PickResult& p : {one, two}) {
+        picked.push_back(p.ok ? p.id : -1);
+        confidence.push_back(p.confidence);
+      }
+    }
+  report("greedy_pick ids", picked);
+  report("greedy_pick confidence", confidence);
+}
+
 // head sizes 64 (loops unrolled, 2 query heads per key/value head) and 48 (loops, 6 per head)
 void attention(int64_t H, int64_t D, const char* name) {
   const int64_t B = 2, T = 3, Hkv = 2, span = 37;
@@ -355,6 +391,7 @@ int main() {
   q6k();
   quantize_edges();
   layer_ops();
+  greedy_pick();
   attention(4, 64, "attention");
   attention(12, 48, "attention d48");
   std::vector<uint8_t> bytes(4096 + 24);

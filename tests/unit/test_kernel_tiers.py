@@ -1,6 +1,6 @@
 """Every instruction-set tier of the kernels this CPU can execute computes the same bits: int8,
-Q4_K, the activation quantisation, attention, RMSNorm, RoPE, SwiGLU and the Q4_K dequantiser on
-all tiers; bf16 on the tiers that sum in input order (avx512, avx2vnni, avx2, portable: "chain"),
+Q4_K, the activation quantisation, attention, RMSNorm, RoPE, SwiGLU, the greedy pick and the Q4_K
+dequantiser on all tiers; bf16 on the tiers that sum in input order (avx512, avx2vnni, avx2, portable: "chain"),
 while amx (AMX's order) and avx512bf16 (VDPBF16PS's pairs) differ from them by fp32 rounding only,
 as the amx tier's bf16 attention does (its scores on AMX tiles).
 Tiers this CPU cannot run are skipped, by name; those of this machine's architecture are still
@@ -63,6 +63,11 @@ def outputs(module: Any) -> dict[str, Any]:
     out["silu_mul"] = module.silu_mul(gate_up[:, :136], gate_up[:, 136:])
     cos, sin = (torch.randn(7, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
     out["rotary"] = module.rotary(torch.randn(7, 192, generator=gen).to(torch.bfloat16), cos, sin, 3, 64)
+    scores = (3 * torch.randn(3, 301, generator=gen)).to(torch.bfloat16)
+    more = (3 * torch.randn(3, 21, generator=gen)).float()
+    names = torch.randperm(322, generator=gen)
+    picked = module.greedy_pick(scores, names[:301].sort().values, more, names[301:].sort().values, more < 0)
+    out["greedy_pick"] = (picked[0], picked[1].view(torch.int32), picked[2])  # (the confidence's bits)
     q = torch.randn(2, 3, 4, 64, generator=gen)
     keys, values = (torch.randn(2, 2, 37, 64, generator=gen) for _ in range(2))
     visible = torch.rand(2, 3, 37, generator=gen) < 0.7

@@ -677,6 +677,76 @@ def test_silu_mul() -> None:
     assert (diff <= 2**-7 * expect.float().abs() + 1e-30).all() and (diff == 0).float().mean() > 0.95
 
 
+def greedy_reference(
+    scores: torch.Tensor,
+    ids: torch.Tensor,
+    more: torch.Tensor | None,
+    more_ids: torch.Tensor | None,
+    blocked: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What ``greedy_pick`` gives, in torch: the columns merged in id order (blocked ones -inf), the
+    first largest (the smallest id), its softmax probability; no token for a NaN or no finite max."""
+    x, names = scores.float(), ids
+    if more is not None and more_ids is not None:
+        own = more.float().masked_fill(blocked, float("-inf")) if blocked is not None else more.float()
+        names = torch.cat([ids, more_ids])
+        order = names.argsort(stable=True)
+        x, names = torch.cat([x, own], dim=1)[:, order], names[order]
+    top = x.amax(dim=1)
+    ok = torch.isfinite(top) & ~x.isnan().any(dim=1)
+    picked = torch.where(ok, names[x.argmax(dim=1)], -1)
+    return picked, torch.softmax(x, dim=1).amax(dim=1), ok  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_greedy_pick_is_the_first_largest_score_and_its_probability(dtype: torch.dtype) -> None:
+    """One or two segments of scores, each named by ascending ids (the second's interleaved with
+    the first's), blocked columns, ties (scores rounded to few values), rows of one to a few
+    hundred columns (partial vectors), and rows without a greedy token: a NaN (anywhere, also in
+    a block of 16), +inf, every score -inf; a -inf score alone is an ordinary one."""
+    from verispec.kernels import load
+
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(60):
+        a, w, e = 4, int(torch.randint(1, 300, (1,), generator=gen)), int(torch.randint(0, 40, (1,), generator=gen))
+        names = torch.randperm(w + e, generator=gen)
+        ids, more_ids = names[:w].sort().values, names[w:].sort().values
+        scores = (4 * torch.randn(a, w, generator=gen)).to(dtype)
+        more = (4 * torch.randn(a, e, generator=gen)).to(dtype) if e else None
+        if trial % 2:  # ties
+            scores = scores.round()
+            more = more.round() if more is not None else None
+        blocked = torch.rand(a, e, generator=gen) < 0.5 if e and trial % 3 else None
+        scores[0, int(torch.randint(0, w, (1,), generator=gen))] = float("-inf")
+        if trial % 4 == 0:
+            scores[1, int(torch.randint(0, w, (1,), generator=gen))] = float("nan")
+            scores[2] = float("-inf")
+            if more is not None:
+                more[2] = float("-inf")
+            scores[3, int(torch.randint(0, w, (1,), generator=gen))] = float("inf")
+        got = load().greedy_pick(scores, ids, more, more_ids if e else None, blocked)
+        want = greedy_reference(scores, ids, more, more_ids if e else None, blocked)
+        assert torch.equal(got[2], want[2]) and torch.equal(got[0], want[0]), trial
+        torch.testing.assert_close(got[1][want[2]], want[1][want[2]], rtol=2e-6, atol=0)
+    assert torch.equal(load().greedy_pick(torch.tensor([[0.0, 2.0, 2.0]]))[0], torch.tensor([1]))  # (ids: columns)
+
+
+def test_the_greedy_pick_refuses_what_it_cannot_read() -> None:
+    from verispec.kernels import load
+
+    ops = load()
+    with pytest.raises(RuntimeError, match="bf16 or fp32"):
+        ops.greedy_pick(torch.zeros(2, 8, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="ids must be"):
+        ops.greedy_pick(torch.zeros(2, 8), torch.arange(7))
+    with pytest.raises(RuntimeError, match="second segment needs its ids"):
+        ops.greedy_pick(torch.zeros(2, 8), None, torch.zeros(2, 3))
+    with pytest.raises(RuntimeError, match="blocked columns"):
+        ops.greedy_pick(
+            torch.zeros(2, 8), None, torch.zeros(2, 3), torch.arange(3), torch.zeros(2, 2, dtype=torch.bool)
+        )
+
+
 def test_layer_ops_split_over_threads_equal_one_thread() -> None:
     """The activation quantisation (by blocks, with a Q4_K input padded to whole super-blocks too),
     SwiGLU (by columns), RMSNorm and RoPE (by rows) split their work over threads once it is large

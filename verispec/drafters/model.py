@@ -22,6 +22,13 @@ that many, one request a pass, as the engine feeds the target a prompt: a pass's
 masks grow with the square of its width, so one pass over a 32k-token prompt would build
 gigabytes of them.
 
+Greedy drafting on verispec's kernels (every drafting row greedy, with no bias or penalty, and a
+restricted head on the kernels: the machine defaults) runs the proposal's first pass here and every
+further pass in one native call (:meth:`~verispec.models.transformer.Transformer.draft_greedy`):
+the same passes and the same tokens as the loop below, picked by ``ops.greedy_pick`` (the mode,
+ties to the smallest id), without the ~0.7 ms of Python and torch calls each pass costs around its
+kernels (``benchmarks/draft_step.py --loop both``).
+
 Rows that draft nothing this step are not run and consume no randomness. A row whose draft law
 cannot be built (NaN draft logits, every token banned) stops drafting at that position; the
 other rows are untouched.
@@ -60,6 +67,7 @@ from torch import Tensor
 from verispec.config import DRAFT_CONTEXT_WINDOW
 from verispec.drafters.base import BatchView
 from verispec.errors import ConfigError, InputError
+from verispec.kernels.linear import native_projection
 from verispec.models.protocol import LanguageModel
 from verispec.models.transformer import PREFILL_MIN_TOKENS
 from verispec.sampling import TokenHistory, build_laws, cut_vocab, mode, sample
@@ -152,6 +160,10 @@ class ModelDrafter:
         self._merge_order: Tensor | None = None  # [H + E] int64
         self._merged_ids: Tensor | None = None  # [H + E] int64
         self._columns: Tensor | None = None  # [H] or [H + E]: the ids of the last pass's score columns
+        # the heads as the kernels' projections, for greedy drafting in one native call (None: not on the kernels)
+        self._head_native: Any = None
+        self._pool_ids: Tensor | None = None  # [E] int64
+        self._pool_native: Any = None
         if head_size is not None:
             self._restrict_head(head_size, keep_ids)
 
@@ -168,6 +180,7 @@ class ModelDrafter:
         self._head_ids = torch.tensor(ids, dtype=torch.long, device=self.model.device)
         self._head_id_set = frozenset(ids)
         self._head_module = restricted_head(self.model, self._head_ids)
+        self._head_native = native_projection(self._head_module)
         self._columns = self._head_ids
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -243,21 +256,8 @@ class ModelDrafter:
         target's support (the restricted head's ids only, when the head is restricted; with
         ``narrow``, just those: ``[R, N, H]``)."""
         device = self.model.device
-        width = max(len(p) for p in pieces)
-        tokens = torch.full((len(pieces), width), 0, dtype=torch.long)
-        for row, piece in enumerate(pieces):
-            tokens[row, : len(piece)] = torch.tensor(piece, dtype=torch.long)
-        num_new = [len(p) for p in pieces]
-        slots = [s.slot for s in states]
-        extra: dict[str, Any] = {} if mask is None else {"attn_mask": mask}  # (chains: no mask, any model takes them)
-        if width >= PREFILL_MIN_TOKENS:  # a catch-up over a prompt: the model's prefill path
-            extra["prefill"] = True
         if self._head_ids is not None:
-            none = torch.empty((len(pieces), 0), dtype=torch.long, device=device)
-            hidden = self.model.forward_with_hidden(
-                tokens.to(device), positions, self.cache, num_new=num_new, slots=slots, logits_at=none, **extra
-            ).hidden  # [R, T, C]
-            h = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [R, N, C]
+            h = self._hidden(states, pieces, at, positions, mask)  # [R, N, C]
             assert self._head_module is not None
             scores: Tensor = self._head_module(h)  # [R, N, H]
             self._columns = self._head_ids
@@ -271,32 +271,85 @@ class ModelDrafter:
             logits = torch.full((len(pieces), at.shape[1], self.vocab_size), float("-inf"), device=device)
             logits[:, :, self._columns] = scores.float()
         else:
+            tokens, extra = self._pass_inputs(pieces, mask)
             logits = self.model.forward(
-                tokens.to(device), positions, self.cache, num_new=num_new, slots=slots, logits_at=at, **extra
+                tokens.to(device),
+                positions,
+                self.cache,
+                num_new=[len(p) for p in pieces],
+                slots=[s.slot for s in states],
+                logits_at=at,
+                **extra,
             )  # [R, N, V_draft]
         r, n, v = logits.shape
         return self._fit(logits.reshape(r * n, v)).reshape(r, n, -1)
+
+    @staticmethod
+    def _pass_inputs(pieces: Sequence[Sequence[int]], mask: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
+        """A pass's tokens ``[R, T]`` (right-padded) and the forward's keyword arguments."""
+        width = max(len(p) for p in pieces)
+        tokens = torch.full((len(pieces), width), 0, dtype=torch.long)
+        for row, piece in enumerate(pieces):
+            tokens[row, : len(piece)] = torch.tensor(piece, dtype=torch.long)
+        extra: dict[str, Any] = {} if mask is None else {"attn_mask": mask}  # (chains: no mask, any model takes them)
+        if width >= PREFILL_MIN_TOKENS:  # a catch-up over a prompt: the model's prefill path
+            extra["prefill"] = True
+        return tokens, extra
+
+    def _hidden(
+        self,
+        states: Sequence[_State],
+        pieces: Sequence[Sequence[int]],
+        at: Tensor,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """One draft pass appending ``pieces[i]`` to ``states[i]``'s cache (as :meth:`_run`); the
+        final norm's output ``[R, N, C]`` at the step offsets ``at`` ``[R, N]`` (what the heads score)."""
+        device = self.model.device
+        tokens, extra = self._pass_inputs(pieces, mask)
+        none = torch.empty((len(pieces), 0), dtype=torch.long, device=device)
+        hidden = self.model.forward_with_hidden(
+            tokens.to(device),
+            positions,
+            self.cache,
+            num_new=[len(p) for p in pieces],
+            slots=[s.slot for s in states],
+            logits_at=none,
+            **extra,
+        ).hidden  # [R, T, C]
+        return hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
 
     def _context_scores(self, states: Sequence[_State], h: Tensor) -> Tensor | None:
         """The scores ``[R, N, E]`` of the context ids' head for ``h`` ``[R, N, C]``, -inf where
         an id is not in that row's own context; None when no row has any (``_merged_ids`` then
         names the merged columns)."""
+        scored, blocked = self._own_ids(states)
+        if not scored:
+            return None
+        assert self._pool_module is not None
+        scores: Tensor = self._pool_module(h)  # [R, N, E]
+        if blocked is not None:
+            scores = scores.masked_fill(blocked[:, None, :].to(scores.device), float("-inf"))
+        return scores
+
+    def _own_ids(self, states: Sequence[_State]) -> tuple[bool, Tensor | None]:
+        """Whether the context ids' head scores this pass of ``states`` (False: no row has an id
+        outside the restricted head), with the pool made to hold their ids, and the pool's columns
+        each row must not see (``[R, E]`` bool: ids other requests brought; None: none)."""
         for state in states:
             self._note_context(state)
         needed = set().union(*(s.extra for s in states))
         if not needed:
-            return None
+            return False, None
         if not needed <= self._pool_set:
             live = set().union(*(s.extra for s in self._state.values()))
             self._set_pool(sorted(live if len(live) <= MAX_CONTEXT_POOL else needed))
-        assert self._pool_module is not None
-        scores: Tensor = self._pool_module(h)  # [R, N, E]
         masks = [self._mask_of(s) for s in states]
-        if any(m is not None for m in masks):
-            none = torch.zeros(len(self._pool), dtype=torch.bool)
-            blocked = torch.stack([none if m is None else m for m in masks])  # [R, E]
-            scores = scores.masked_fill(blocked[:, None, :].to(scores.device), float("-inf"))
-        return scores
+        if all(m is None for m in masks):
+            return True, None
+        none = torch.zeros(len(self._pool), dtype=torch.bool)
+        return True, torch.stack([none if m is None else m for m in masks])  # [R, E]
 
     def _note_context(self, state: _State) -> None:
         """Add the ids of ``state``'s context not looked at yet that the restricted head lacks."""
@@ -315,6 +368,7 @@ class ModelDrafter:
         device = self.model.device
         pool = torch.tensor(ids, dtype=torch.long, device=device)
         self._pool_module = restricted_head(self.model, pool)
+        self._pool_ids, self._pool_native = pool, native_projection(self._pool_module)
         merged = torch.cat([self._head_ids, pool])
         self._merged_ids, self._merge_order = merged.sort(stable=True)
         self._pool, self._pool_set = tuple(ids), frozenset(ids)
@@ -371,6 +425,9 @@ class ModelDrafter:
         self.last_catchup_tokens = max((len(s.context) - s.fed for s in states), default=0)
         self._feed_ahead(states)
         pieces = [s.context[s.fed :] for s in states]
+        if point and narrow and rows and self._greedy_natively():
+            self._draft_greedy(batch, rows, states, pieces, max_tokens, ids, drafted)
+            active = []  # (drafted)
         for i in range(k_max):
             if not active:
                 break
@@ -422,6 +479,69 @@ class ModelDrafter:
         num = torch.tensor([len(drafted.get(b, [])) for b in range(n)], dtype=torch.long)
         width = int(num.max()) if n else 0  # the longest draft (positions past it were never drafted)
         return Draft(ids[:, :width], num, None if laws is None else laws[:, :width])
+
+    def _greedy_natively(self) -> bool:
+        """Whether greedy drafting runs on the kernels (:meth:`_draft_greedy`): the restricted head
+        (and the context ids' head) as the kernels' projections, the model's layers in one call."""
+        can = getattr(self.model, "can_draft_greedy", None)
+        return self._head_native is not None and can is not None and bool(can(self.cache))
+
+    def _draft_greedy(
+        self,
+        batch: BatchView,
+        rows: Sequence[int],
+        states: Sequence[_State],
+        pieces: Sequence[Sequence[int]],
+        max_tokens: Sequence[int],
+        ids: Tensor,
+        drafted: dict[int, list[int]],
+    ) -> None:
+        """Greedy drafting on the kernels, every drafting row greedy with no bias or penalty: the
+        proposal's first pass (each request's pending tokens: 1-2 in steady state) runs here and
+        picks by ``ops.greedy_pick``, every further pass in one native call
+        (:meth:`~verispec.models.transformer.Transformer.draft_greedy`). The same tokens as
+        :meth:`propose`'s loop gives (the mode of the scores on the head's ids and the request's
+        own, ties to the smallest id; a row with none stops), and the stop reads each token's
+        probability at temperature 1 from the same pick; ~0.7 ms of Python and torch calls less a
+        draft pass. Fills ``ids`` ``[n, K]`` and ``drafted``; the states' ``fed`` counts follow."""
+        from verispec.kernels import load
+
+        h = self._hidden(states, pieces, torch.tensor([[len(p) - 1] for p in pieces]))[:, 0]  # [R, C]
+        for state, piece in zip(states, pieces, strict=True):
+            state.fed += len(piece)
+        assert self._head_module is not None
+        scored, blocked = self._own_ids(states) if self.context_ids else (False, None)
+        more = self._pool_module(h) if scored and self._pool_module is not None else None  # [R, E]
+        picked, confidence, ok = load().greedy_pick(
+            self._head_module(h), self._head_ids, more, self._pool_ids if scored else None, blocked
+        )
+        go_on: list[int] = []  # indices into rows / states
+        for j, (token, f, good) in enumerate(zip(picked.tolist(), confidence.tolist(), ok.tolist(), strict=True)):
+            if not good:  # no greedy token: this row drafts nothing
+                continue
+            b = rows[j]
+            ids[b, 0] = token
+            drafted[b].append(token)
+            if (batch.stop is None or batch.stop.keep_drafting(b, 1, f)) and max_tokens[b] > 1:
+                go_on.append(j)
+        if not go_on:
+            return
+        chain = [states[j] for j in go_on]
+        scored, blocked = self._own_ids(chain) if self.context_ids else (False, None)
+        stop = batch.stop
+        keep = None if stop is None else (lambda a, i, f: stop.keep_drafting(rows[go_on[a]], i + 2, f))
+        tokens, appended = self.model.draft_greedy(  # type: ignore[attr-defined]
+            self.cache, [drafted[rows[j]][-1] for j in go_on], [s.slot for s in chain],
+            [max_tokens[rows[j]] - 1 for j in go_on], self._head_native, self._head_ids,
+            more=self._pool_native if scored else None, more_ids=self._pool_ids if scored else None,
+            blocked=blocked, keep=keep,
+        )  # fmt: skip
+        for j, row_tokens, fed in zip(go_on, tokens, appended, strict=True):
+            states[j].fed += fed
+            b = rows[j]
+            for t, token in enumerate(row_tokens, start=1):
+                ids[b, t] = token
+                drafted[b].append(token)
 
     @staticmethod
     def _without_mode(logits: Tensor) -> list[int]:

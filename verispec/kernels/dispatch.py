@@ -49,7 +49,7 @@ from verispec.errors import ConfigError
 
 ISA_ENV = "VERISPEC_ISA"
 
-_VEC = ("vec/pack.cpp", "vec/quantize.cpp", "vec/attention.cpp", "vec/layer_ops.cpp")
+_VEC = ("vec/pack.cpp", "vec/quantize.cpp", "vec/attention.cpp", "vec/layer_ops.cpp", "vec/pick.cpp")
 _VECTOR_TIER = ("vec/linear.cpp", *_VEC, "bindings.cpp")  # every tier's sources (amx adds its tiles')
 #: Headers every tier includes (part of each build key).
 HEADERS = ("common.h", "vec/vec.h", "vec/dots.h", "vec/q4k_scales.h", "amx/amx.h")

@@ -31,7 +31,7 @@ Weights live in buffers (``q4k``; ``int8`` and ``int8_scale``; ``bias``): a modu
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -538,6 +538,21 @@ def select_rows(linear: nn.Module, ids: Tensor) -> nn.Module | None:
         return Q4KLinear(packed, h, linear.in_features, bias)
     if isinstance(linear, Q6KLinear):
         return Q6KLinear(q6k_records_of_rows(linear, ids), ids.numel(), linear.in_features, bias)
+    return None
+
+
+def native_projection(module: nn.Module) -> Any:
+    """The kernels' ``Projection`` of a packed projection (what ``Layers`` runs, and the greedy
+    drafting loop's heads: ``csrc/bindings.cpp``), or None for a module of another kind."""
+    if isinstance(module, Bf16Linear):
+        return load().Projection(0, module.bf16, None, module.bias, module.out_features, module.in_features)
+    if isinstance(module, Int8Linear):
+        return load().Projection(1, module.int8, module.int8_scale, module.bias, module.out_features,
+                                 module.in_features)  # fmt: skip
+    if isinstance(module, Q4KLinear):
+        return load().Projection(2, module.q4k, None, module.bias, module.out_features, module.packed_in_features)
+    if isinstance(module, Q6KLinear):
+        return load().Projection(3, module.q6k, None, module.bias, module.out_features, module.in_features)
     return None
 
 

@@ -283,6 +283,19 @@ class KVCache:
         added = plan.num_new if plan.num_new is not None else torch.full_like(plan.lengths, plan.write_pos.shape[1])
         self.lengths.index_copy_(0, plan.rows, plan.lengths + added)
 
+    def advance(self, slots: Sequence[int], counts: Sequence[int]) -> None:
+        """``lengths[slots[i]] += counts[i]``: the tokens a native loop wrote at the ends of those
+        slots, each at its length (:meth:`~verispec.models.transformer.Transformer.draft_greedy`);
+        the host bounds follow. ``step_start`` stays where the last :meth:`begin_step` put it."""
+        host, rows = self.resolve_slots(slots, len(slots))
+        added = [int(n) for n in counts]
+        if len(added) != len(host) or any(n < 0 for n in added):
+            raise InputError(f"advance needs {len(host)} counts >= 0, got {added}")
+        with torch.inference_mode():
+            self.lengths.index_add_(0, rows, torch.tensor(added, dtype=torch.int64).to(self.device))
+        for s, n in zip(host, added, strict=True):
+            self._bound[s] += n
+
     # ---------------------------------------------------------------------------- positions
     def next_positions(self, num_tokens: int, slots: Sequence[int] | None = None, batch_size: int = 1) -> Tensor:
         """``[B, T]`` int64: positions of a chain of ``T = num_tokens`` new tokens per row,

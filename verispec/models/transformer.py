@@ -34,7 +34,7 @@ request owns lives in the cache handle.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -373,23 +373,9 @@ class Transformer(nn.Module):
         are evicted while a projection streams its weights), or None when some layer's projections
         are not all packed and fused (then the Python loop runs them)."""
         from verispec.kernels import load
-        from verispec.kernels.linear import Bf16Linear, Int8Linear, Q4KLinear, Q6KLinear
+        from verispec.kernels.linear import native_projection as projection
 
         ops = load()
-
-        def projection(module: Any) -> Any:
-            if isinstance(module, Bf16Linear):
-                return ops.Projection(0, module.bf16, None, module.bias, module.out_features, module.in_features)
-            if isinstance(module, Int8Linear):
-                return ops.Projection(1, module.int8, module.int8_scale, module.bias, module.out_features,
-                                      module.in_features)  # fmt: skip
-            if isinstance(module, Q4KLinear):
-                return ops.Projection(2, module.q4k, None, module.bias, module.out_features,
-                                      module.packed_in_features)  # fmt: skip
-            if isinstance(module, Q6KLinear):
-                return ops.Projection(3, module.q6k, None, module.bias, module.out_features, module.in_features)
-            return None
-
         layers = [layer for layer in self.model.layers if isinstance(layer, DecoderLayer)]
         specs = []
         for i, layer in enumerate(layers):
@@ -593,6 +579,62 @@ class Transformer(nn.Module):
             scores = head(picked) if head is not None else dense_linear(picked, self.model.embed_tokens.weight)
             logits = scores.to(torch.float32)  # [B, N, V] fp32
         return ForwardOutput(logits=logits, hidden=h)
+
+    def can_draft_greedy(self, cache: KVCache) -> bool:
+        """Whether :meth:`draft_greedy` runs here: every decoder layer in one native call, a bf16
+        cache, and RoPE by position alone (dynamic scaling looks at the whole step)."""
+        return self._native_layers is not None and self.rope.kind != "dynamic" and cache.k.dtype == torch.bfloat16
+
+    def draft_greedy(
+        self,
+        cache: KVCache,
+        tokens: Sequence[int],
+        slots: Sequence[int],
+        limits: Sequence[int],
+        head: Any,
+        head_ids: Tensor,
+        *,
+        more: Any = None,
+        more_ids: Tensor | None = None,
+        blocked: Tensor | None = None,
+        keep: Callable[[int, int, float], bool] | None = None,
+    ) -> tuple[list[list[int]], list[int]]:
+        """Greedy drafting passes in one native call (``Layers.draft_greedy``, ``csrc/bindings.cpp``;
+        :meth:`can_draft_greedy` says whether it runs). Row ``a`` appends ``tokens[a]`` to cache
+        slot ``slots[a]`` (a chain: at its length), then drafts the id of the largest score of the
+        heads and appends that one, and so on, until it has drafted ``limits[a]`` tokens, finds no
+        greedy token (a NaN or no finite score), or ``keep(a, i, confidence)`` (its token of pass
+        ``i`` and that token's probability at temperature 1) returns False. The heads are the
+        kernels' projections (:func:`~verispec.kernels.linear.native_projection`) of the final
+        norm's output: ``head`` scoring ``head_ids`` ``[H]``, ``more`` (or None) ``more_ids``
+        ``[E]`` with row ``a``'s ``blocked[a]`` ``[E]`` at -inf; ties go to the smallest id (the ids
+        ascend within each). Each pass is the one :meth:`forward_with_hidden` runs for a chain, and
+        each pick is ``ops.greedy_pick`` on those scores, bit for bit. Returns each row's drafted
+        tokens and how many tokens it appended (its cache length grew by that many)."""
+        host, rows = cache.resolve_slots(slots, len(slots))
+        if len(tokens) != len(host) or len(limits) != len(host) or min(limits, default=0) < 1:
+            raise InputError("draft_greedy needs a token and a limit >= 1 for each slot")
+        for s, n in zip(host, limits, strict=True):
+            if cache.length_bound([s]) + n > cache.max_len:
+                raise InputError(f"KV cache overflow: slot {s} cannot hold {n} more tokens (max_len={cache.max_len})")
+        width = max(limits)
+        with torch.inference_mode():
+            offsets = torch.arange(width, dtype=torch.int64)  # [P]
+            positions = cache.lengths.index_select(0, rows)[:, None] + offsets[None, :]  # [A, P]
+            cos, sin = self.rope.cos_sin(positions, self.dtype)  # [A, P, 1, D] each
+            a, d = len(host), self.config.head_dim
+            bounds = torch.tensor([cache.length_bound([s]) for s in host], dtype=torch.int64)  # [A]
+            first = self.model.layers[0]
+            assert isinstance(first, DecoderLayer)
+            drafted, fed = self._native_layers.draft_greedy(
+                torch.tensor(list(tokens), dtype=torch.int64), rows, cache.lengths, bounds, cache.k, cache.v,
+                torch.tensor(list(limits), dtype=torch.int64), self.model.embed_tokens.weight,
+                first.input_layernorm.weight, cos.reshape(a, width, d).contiguous(),
+                sin.reshape(a, width, d).contiguous(), head, head_ids, more, more_ids, blocked, keep,
+            )  # fmt: skip
+        appended = [int(n) for n in fed.tolist()]
+        cache.advance(host, appended)
+        return [[t for t in row if t >= 0] for row in drafted.tolist()], appended
 
 
 def _visibility(plan: StepPlan, t: int, window: Tensor | None) -> Tensor:

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>  // not torch/extension.h: parsing its C++ frontend took 12 of this file's 33 s
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -920,7 +921,199 @@ struct Layers {
     }
     return out;
   }
+
+  // The greedy drafting loop (defined below the greedy pick).
+  std::tuple<at::Tensor, at::Tensor> draft_greedy(const at::Tensor& tokens, const at::Tensor& slots,
+                                                  const at::Tensor& lengths, const at::Tensor& bounds,
+                                                  at::Tensor& kc, at::Tensor& vc,
+                                                  const at::Tensor& limits, const at::Tensor& embed,
+                                                  const at::Tensor& first_norm, const at::Tensor& cos,
+                                                  const at::Tensor& sin, const Projection& head,
+                                                  const at::Tensor& head_ids, const Projection* more,
+                                                  const c10::optional<at::Tensor>& more_ids,
+                                                  const c10::optional<at::Tensor>& blocked,
+                                                  const py::object& keep) const;
 };
+
+// ------------------------------------------------------------------------------------ greedy pick
+
+// Checks the segments greedy_pick and Layers::draft_greedy read: scores [A, W] bf16 or fp32, ids
+// [W] int64 (or none), blocked [A, W] bool (or none), all contiguous.
+void check_segment(const at::Tensor& scores, const at::Tensor* ids, const at::Tensor* blocked, const char* what) {
+  TORCH_CHECK(scores.device().is_cpu() && scores.dim() == 2 && scores.is_contiguous() &&
+                  (scores.scalar_type() == at::kBFloat16 || scores.scalar_type() == at::kFloat),
+              what, " must be contiguous [A, W] bf16 or fp32 CPU scores");
+  if (ids)
+    TORCH_CHECK(ids->scalar_type() == at::kLong && ids->is_contiguous() && ids->numel() == scores.size(1), what,
+                "'s ids must be [", scores.size(1), "] int64");
+  if (blocked)
+    TORCH_CHECK(blocked->scalar_type() == at::kBool && blocked->is_contiguous() &&
+                    blocked->numel() == scores.numel(),
+                what, "'s blocked columns must be [A, W] bool like its scores");
+}
+
+PickSegment segment_of(const void* row, bool bf16, int64_t width, const int64_t* ids, const bool* blocked) {
+  return {row, bf16, width, ids, blocked};
+}
+
+// scores [A, W] bf16 or fp32 with the id of each column (ids [W] int64; None: the column), and
+// optionally a second segment more [A, E] (more_ids [E]; blocked [A, E] bool: columns counting as
+// -inf) -> (id [A] int64, confidence [A] fp32, ok [A] bool): vec/pick.cpp's greedy token of each row.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> greedy_pick(const at::Tensor& scores,
+                                                           const c10::optional<at::Tensor>& ids,
+                                                           const c10::optional<at::Tensor>& more,
+                                                           const c10::optional<at::Tensor>& more_ids,
+                                                           const c10::optional<at::Tensor>& blocked) {
+  check_segment(scores, ids ? &*ids : nullptr, nullptr, "scores");
+  const int64_t a = scores.size(0);
+  if (more) {
+    TORCH_CHECK(more_ids.has_value() && more->size(0) == a, "a second segment needs its ids and the same rows");
+    check_segment(*more, &*more_ids, blocked ? &*blocked : nullptr, "the second segment");
+  }
+  at::Tensor id = at::empty({a}, at::kLong), conf = at::empty({a}, at::kFloat), ok = at::empty({a}, at::kBool);
+  const bool bf16 = scores.scalar_type() == at::kBFloat16;
+  const int64_t w = scores.size(1), e = more ? more->size(1) : 0;
+  const auto* base = static_cast<const uint8_t*>(scores.data_ptr());
+  const auto* more_base = more ? static_cast<const uint8_t*>(more->data_ptr()) : nullptr;
+  const bool more_bf16 = more && more->scalar_type() == at::kBFloat16;
+  for (int64_t r = 0; r < a; ++r) {
+    const PickSegment parts[2] = {
+        segment_of(base + r * w * scores.element_size(), bf16, w, ids ? ids->data_ptr<int64_t>() : nullptr, nullptr),
+        segment_of(more ? more_base + r * e * more->element_size() : nullptr, more_bf16, e,
+                   more ? more_ids->data_ptr<int64_t>() : nullptr,
+                   blocked ? blocked->data_ptr<bool>() + r * e : nullptr)};
+    const PickResult p = pick_greedy(parts, more ? 2 : 1);
+    id.data_ptr<int64_t>()[r] = p.id;
+    conf.data_ptr<float>()[r] = p.confidence;
+    ok.data_ptr<bool>()[r] = p.ok;
+  }
+  return {id, conf, ok};
+}
+
+// ------------------------------------------------------------------------------------ greedy drafting
+
+// The greedy drafting loop of verispec.drafters.model, one call for every draft pass after a
+// proposal's first: per pass, each row's last token is looked up in the embedding, normed (the
+// first layer's input norm), run through every layer (forward), scored by the restricted head
+// (and the request's own ids, `more`), and its greedy token and confidence picked (pick_greedy);
+// `keep(a, i, confidence)` (None: always) then says whether row a drafts on after its token of
+// pass i. The same operations, in the same order, as the drafter's Python loop with the
+// model's forward, the heads and ops.greedy_pick; what the loop saves is their ~0.7 ms of Python
+// and torch calls a pass.
+//   tokens [A] int64: each row's last drafted token (fed by the first pass); slots [A] int64:
+//   their cache rows; lengths: the cache's lengths (read: the caller advances them by the
+//   result's fed), bounds [A]: the host's bounds of the rows' lengths (KVCache: they set the
+//   attention's span as a Python pass has it); limits [A] int64 >= 1: the most tokens each row
+//   may still draft; embed [V, C]
+//   and first_norm [C] bf16; cos, sin [A, P, D] bf16: RoPE at row a's positions lengths + i, P
+//   >= the largest limit; head over head_ids [H]; more (or None) over more_ids [E], blocked
+//   [A, E] bool.
+// -> (drafted [A, P] int64: the token of pass i, -1 where the row drafted none; fed [A] int64: the
+// tokens each row appended to its cache, one per pass it took part in).
+std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
+    const at::Tensor& tokens, const at::Tensor& slots, const at::Tensor& lengths, const at::Tensor& bounds,
+    at::Tensor& kc, at::Tensor& vc, const at::Tensor& limits, const at::Tensor& embed, const at::Tensor& first_norm,
+    const at::Tensor& cos,
+    const at::Tensor& sin, const Projection& head, const at::Tensor& head_ids, const Projection* more,
+    const c10::optional<at::Tensor>& more_ids, const c10::optional<at::Tensor>& blocked,
+    const py::object& keep) const {
+  const int64_t a_rows = tokens.numel(), c = hidden, d = head_dim;
+  TORCH_CHECK(a_rows >= 1, "no rows to draft");
+  for (const at::Tensor* t : {&tokens, &slots, &limits, &lengths, &bounds})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(),
+                "tokens, slots, limits, lengths and bounds must be contiguous int64 CPU tensors");
+  TORCH_CHECK(slots.numel() == a_rows && limits.numel() == a_rows && bounds.numel() == a_rows,
+              "tokens, slots, bounds and limits need one value a row");
+  check_bf16_cpu(embed, "the embedding");
+  check_bf16_cpu(first_norm, "the first norm");
+  TORCH_CHECK(embed.dim() == 2 && embed.size(1) == c && embed.is_contiguous(), "the embedding must be [V, ", c, "]");
+  TORCH_CHECK(first_norm.numel() == c && first_norm.is_contiguous(), "the first norm must be [", c, "]");
+  const int64_t p_max = cos.dim() == 3 ? cos.size(1) : 0;
+  for (const at::Tensor* t : {&cos, &sin}) {
+    check_bf16_cpu(*t, "cos and sin");
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == a_rows && t->size(1) == p_max && t->size(2) == d && t->is_contiguous(),
+                "cos and sin must be contiguous [A, P, ", d, "]");
+  }
+  TORCH_CHECK(head.k == c && head_ids.scalar_type() == at::kLong && head_ids.is_contiguous() &&
+                  head_ids.numel() == head.n,
+              "the head must take ", c, " inputs and name each of its outputs' ids (head_ids [", head.n, "])");
+  const int64_t e = more ? more->n : 0;
+  if (more) {
+    TORCH_CHECK(more->k == c && more_ids && more_ids->scalar_type() == at::kLong && more_ids->is_contiguous() &&
+                    more_ids->numel() == e,
+                "the second head must take ", c, " inputs and name its outputs' ids");
+    TORCH_CHECK(!blocked || (blocked->scalar_type() == at::kBool && blocked->is_contiguous() &&
+                             blocked->numel() == a_rows * e),
+                "blocked must be [A, E] bool");
+  }
+  const int64_t* tok0 = tokens.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t* limit = limits.data_ptr<int64_t>();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  const int64_t* bound = bounds.data_ptr<int64_t>();
+  const int64_t max_len = kc.size(3) - 1;  // (the last position: padding's scratch column)
+  for (int64_t a = 0; a < a_rows; ++a) {
+    TORCH_CHECK(tok0[a] >= 0 && tok0[a] < embed.size(0), "token ", tok0[a], " is outside the embedding");
+    TORCH_CHECK(slot[a] >= 0 && slot[a] < lengths.numel() && slot[a] < kc.size(1), "cache row out of range");
+    TORCH_CHECK(limit[a] >= 1 && limit[a] <= p_max, "each row's limit must be in [1, P]");
+    TORCH_CHECK(len[slot[a]] >= 0 && len[slot[a]] <= bound[a] && bound[a] + limit[a] <= max_len,
+                "the cache cannot hold ", limit[a], " more tokens in row ", slot[a]);
+  }
+  const at::TensorOptions bf16 = embed.options(), longs = tokens.options();
+  at::Tensor drafted = at::full({a_rows, p_max}, -1, longs), fed = at::zeros({a_rows}, longs);
+  int64_t* out_ids = drafted.data_ptr<int64_t>();
+  int64_t* out_fed = fed.data_ptr<int64_t>();
+  std::vector<int64_t> active(a_rows), token(tok0, tok0 + a_rows);
+  for (int64_t a = 0; a < a_rows; ++a) active[a] = a;
+  const auto* emb = bf16_pointer(embed);
+  const auto* cos_p = bf16_pointer(cos);
+  const auto* sin_p = bf16_pointer(sin);
+  for (int64_t i = 0; i < p_max && !active.empty(); ++i) {
+    const int64_t m = static_cast<int64_t>(active.size());
+    at::Tensor h = at::empty({m, c}, bf16), x = at::empty({m, c}, bf16);
+    at::Tensor cs = at::empty({m, d}, bf16), sn = at::empty({m, d}, bf16);
+    at::Tensor rows = at::empty({m}, longs), write_pos = at::empty({m, 1}, longs);
+    int64_t span = 0;
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t a = active[r];
+      std::memcpy(bf16_pointer_mut(h) + r * c, emb + token[a] * c, 2 * c);
+      std::memcpy(bf16_pointer_mut(cs) + r * d, cos_p + (a * p_max + i) * d, 2 * d);
+      std::memcpy(bf16_pointer_mut(sn) + r * d, sin_p + (a * p_max + i) * d, 2 * d);
+      rows.data_ptr<int64_t>()[r] = slot[a];
+      write_pos.data_ptr<int64_t>()[r] = len[slot[a]] + i;
+      span = std::max(span, std::min(max_len, bound[a] + i + 1));  // (KVCache.begin_step's span)
+    }
+    at::Tensor visible = at::empty({m, 1, span}, at::kBool);  // causal: position j <= the row's own
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < span; ++j) visible.data_ptr<bool>()[r * span + j] = j <= write_pos.data_ptr<int64_t>()[r];
+    rms_norm_at(bf16_pointer_mut(h), nullptr, bf16_pointer(first_norm), bf16_pointer_mut(x), m, c, eps);
+    const at::Tensor out = forward(h, x, cs, sn, kc, vc, rows, write_pos, span, visible, false);  // [m, C]
+    at::Tensor scores = at::empty({m, head.n}, bf16), more_scores = at::empty({m, std::max<int64_t>(e, 1)}, bf16);
+    int64_t scratch_bytes = head.scratch_bytes(m, c, false);
+    if (more) scratch_bytes = std::max(scratch_bytes, more->scratch_bytes(m, c, false));
+    at::Tensor scratch = at::empty({std::max<int64_t>(scratch_bytes, 1)}, at::kByte);
+    head.run(bf16_pointer(out), m, c, bf16_pointer_mut(scores), scratch.data_ptr<uint8_t>(), false);
+    if (more) more->run(bf16_pointer(out), m, c, bf16_pointer_mut(more_scores), scratch.data_ptr<uint8_t>(), false);
+    std::vector<int64_t> next;
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t a = active[r];
+      ++out_fed[a];
+      const PickSegment parts[2] = {
+          segment_of(bf16_pointer(scores) + r * head.n, true, head.n, head_ids.data_ptr<int64_t>(), nullptr),
+          segment_of(more ? bf16_pointer(more_scores) + r * e : nullptr, true, e,
+                     more ? more_ids->data_ptr<int64_t>() : nullptr,
+                     more && blocked ? blocked->data_ptr<bool>() + a * e : nullptr)};
+      const PickResult p = pick_greedy(parts, more ? 2 : 1);
+      if (!p.ok) continue;  // no greedy token: the row's draft ends before this position
+      out_ids[a * p_max + i] = p.id;
+      token[a] = p.id;
+      const bool goes_on = keep.is_none() || keep(a, i, p.confidence).cast<bool>();
+      if (goes_on && i + 1 < limit[a]) next.push_back(a);
+    }
+    active.swap(next);
+  }
+  return {drafted, fed};
+}
 
 // ------------------------------------------------------------------------------------ bandwidth
 
@@ -991,6 +1184,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
   m.def("rotary", &verispec::rotary, "x [M, heads * d] bf16, cos/sin [M, d] -> rotate-half RoPE [M, heads, d]");
   m.def("silu_mul", &verispec::silu_mul, "gate, up [M, F] bf16 -> silu(gate) * up [M, F]");
+  m.def("greedy_pick", &verispec::greedy_pick,
+        "scores [A, W] (ids [W] or None), more [A, E] or None, more_ids [E], blocked [A, E] -> (id [A], "
+        "confidence [A], ok [A]): each row's greedy token (ties to the smallest id) and its probability at "
+        "temperature 1",
+        py::arg("scores"), py::arg("ids") = py::none(), py::arg("more") = py::none(), py::arg("more_ids") = py::none(),
+        py::arg("blocked") = py::none());
   m.def("stream_read", &verispec::stream_read, "read every byte of a tensor once (bandwidth probe)");
   py::class_<verispec::Projection>(m, "Projection")
       .def(py::init(&verispec::projection_of),
@@ -1016,5 +1215,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "call for every decoder layer; prefill: a prompt's chunk, int8 / Q4_K projections on the prefill kernels "
            "and attention by torch's scaled_dot_product_attention)",
            py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
-           py::arg("rows"), py::arg("write_pos"), py::arg("span"), py::arg("visible"), py::arg("prefill") = false);
+           py::arg("rows"), py::arg("write_pos"), py::arg("span"), py::arg("visible"), py::arg("prefill") = false)
+      .def("draft_greedy", &verispec::Layers::draft_greedy,
+           "tokens, slots, lengths, bounds, k_cache, v_cache, limits, embed, first_norm, cos, sin, head, head_ids, "
+           "more, more_ids, blocked, keep -> (drafted [A, P], fed [A]): the greedy drafting loop (one call for every "
+           "draft pass after a proposal's first)",
+           py::arg("tokens"), py::arg("slots"), py::arg("lengths"), py::arg("bounds"), py::arg("k_cache"),
+           py::arg("v_cache"),
+           py::arg("limits"), py::arg("embed"), py::arg("first_norm"), py::arg("cos"), py::arg("sin"),
+           py::arg("head"), py::arg("head_ids"), py::arg("more"), py::arg("more_ids"), py::arg("blocked"),
+           py::arg("keep"));
 }

@@ -230,6 +230,21 @@ void rotary_rows(const uint16_t* x, int64_t x_stride, const uint16_t* cos, const
 void silu_mul_rows(const uint16_t* gate, const uint16_t* up, int64_t stride, uint16_t* y, int64_t f, int64_t begin,
                    int64_t end, int64_t c0, int64_t c1);
 
+// ---- the greedy token of a row of scores (vec/pick.cpp)
+struct PickSegment {
+  const void* scores;      // [width] bf16 or fp32
+  bool bf16;
+  int64_t width;
+  const int64_t* ids;      // [width]: each column's id (null: the column itself)
+  const bool* blocked;     // [width]: columns that count as -inf (null: none)
+};
+struct PickResult {
+  int64_t id;        // the largest score's id (ties: the smallest id); -1 when !ok
+  float confidence;  // 1 / sum exp(x - max): that token's probability at temperature 1
+  bool ok;           // false: a NaN, or a largest score that is not finite
+};
+PickResult pick_greedy(const PickSegment* segments, int count);
+
 // ---- bf16 weights (amx/bf16.cpp: TDPBF16PS order; vec/linear.cpp: one fp32 FMA chain per output)
 struct Bf16Args {
   const uint16_t* w;  // packed bf16 weights (the pair layout of amx/bf16.cpp)
