@@ -17,7 +17,7 @@ from verispec.engine import Engine
 from verispec.errors import InputError
 from verispec.formats import packing
 from verispec.models.config import ModelConfig
-from verispec.models.transformer import Transformer, random_state_dict, tree_attention_mask
+from verispec.models.transformer import PREFILL_MIN_TOKENS, Transformer, random_state_dict, tree_attention_mask
 
 VOCAB = 96
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9], [5] * 12, [10, 20, 30, 40, 10, 20, 30]]
@@ -166,17 +166,19 @@ class _ConfidenceStop:
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4-all"])
 def test_greedy_drafting_in_one_native_call_equals_the_python_loop(precision: str) -> None:
-    """The model drafter's greedy drafts on the kernels (the first pass in Python, every further
-    pass in one native call: ``Transformer.draft_greedy``) are its Python loop's: the same tokens
-    and the same stop calls for rows of different lengths, a row drafting nothing, ids of the
+    """The model drafter's greedy drafts on the kernels (a proposal in one native call:
+    ``Transformer.draft_greedy``; after a prompt long enough for the prefill path, its first pass
+    in Python) are its Python loop's: the same tokens and the same stop calls for rows of
+    different lengths feeding different numbers of tokens, a row drafting nothing, ids of the
     requests' own outside the head (rows b and c), a stop ending rows by their confidence; and the
     same draft cache afterwards (keys, values, lengths)."""
     draft = model(precision, seed=1, noise=0.3)
-    prompts = {"a": PROMPTS[0], "b": [50, 61, 7, 8, 9, 70, 3], "c": PROMPTS[3]}  # ids >= 40: outside the head
+    # ids >= 40: outside the head; c's prompt is long enough for the prefill path (its first pass in Python)
+    prompts = {"a": PROMPTS[0], "b": [50, 61, 7, 8, 9, 70, 3], "c": (PROMPTS[3] * 15)[:PREFILL_MIN_TOKENS]}
     lengths = [[5, 2, 7], [3, 0, 6], [6, 4, 1], [2, 6, 6]]
     runs = []
     for native in (True, False):
-        d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=128, draft_head=40)
+        d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=256, draft_head=40)
         assert d._greedy_natively()
         if not native:
             d._greedy_natively = lambda: False  # type: ignore[method-assign]
@@ -217,10 +219,10 @@ def test_greedy_drafting_in_one_call_refuses_what_the_cache_cannot_hold() -> Non
     draft(torch.tensor([PROMPTS[2]]), None, cache, slots=[slot])  # 12 of 16 positions
     d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=1, max_len=16, draft_head=40)
     with pytest.raises(InputError, match="cannot hold 5 more"):
-        draft.draft_greedy(cache, [3], [slot], [5], d._head_native, d._head_ids)
+        draft.draft_greedy(cache, [[3, 4]], [slot], [4], d._head_native, d._head_ids)
     assert int(cache.lengths[slot]) == 12
-    drafted, appended = draft.draft_greedy(cache, [3], [slot], [4], d._head_native, d._head_ids)
-    assert len(drafted[0]) == 4 and appended == [4] and int(cache.lengths[slot]) == 16
+    drafted, appended = draft.draft_greedy(cache, [[3, 4]], [slot], [3], d._head_native, d._head_ids)
+    assert len(drafted[0]) == 3 and appended == [4] and int(cache.lengths[slot]) == 16
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "mixed"])

@@ -23,11 +23,11 @@ masks grow with the square of its width, so one pass over a 32k-token prompt wou
 gigabytes of them.
 
 Greedy drafting on verispec's kernels (every drafting row greedy, with no bias or penalty, and a
-restricted head on the kernels: the machine defaults) runs the proposal's first pass here and every
-further pass in one native call (:meth:`~verispec.models.transformer.Transformer.draft_greedy`):
-the same passes and the same tokens as the loop below, picked by ``ops.greedy_pick`` (the mode,
-ties to the smallest id), without the ~0.7 ms of Python and torch calls each pass costs around its
-kernels (``benchmarks/draft_step.py --loop both``).
+restricted head on the kernels: the machine defaults) runs a whole proposal in one native call
+(:meth:`~verispec.models.transformer.Transformer.draft_greedy`): the same passes and the same
+tokens as the loop below, picked by ``ops.greedy_pick`` (the mode, ties to the smallest id),
+without the ~0.8 ms of Python and torch calls each pass costs around its kernels
+(``benchmarks/draft_step.py --loop both``).
 
 Rows that draft nothing this step are not run and consume no randomness. A row whose draft law
 cannot be built (NaN draft logits, every token banned) stops drafting at that position; the
@@ -497,13 +497,49 @@ class ModelDrafter:
         drafted: dict[int, list[int]],
     ) -> None:
         """Greedy drafting on the kernels, every drafting row greedy with no bias or penalty: the
-        proposal's first pass (each request's pending tokens: 1-2 in steady state) runs here and
-        picks by ``ops.greedy_pick``, every further pass in one native call
-        (:meth:`~verispec.models.transformer.Transformer.draft_greedy`). The same tokens as
-        :meth:`propose`'s loop gives (the mode of the scores on the head's ids and the request's
-        own, ties to the smallest id; a row with none stops), and the stop reads each token's
-        probability at temperature 1 from the same pick; ~0.7 ms of Python and torch calls less a
-        draft pass. Fills ``ids`` ``[n, K]`` and ``drafted``; the states' ``fed`` counts follow."""
+        whole proposal in one native call
+        (:meth:`~verispec.models.transformer.Transformer.draft_greedy`), its first pass feeding
+        each request's pending tokens (1-2 in steady state; a prompt's catch-up long enough for
+        the model's prefill path runs in Python first, :meth:`_first_greedy_pass`). The same
+        passes and tokens as :meth:`propose`'s loop (the mode of the scores on the head's ids and
+        the request's own, ties to the smallest id; a row with none stops); the stop reads each
+        token's probability at temperature 1 from the same pick (``ops.greedy_pick``). Fills
+        ``ids`` ``[n, K]`` and ``drafted``; the states' ``fed`` counts follow."""
+        chain: list[int] = list(range(len(states)))  # indices into rows / states, drafting natively
+        lead: list[Sequence[int]] = list(pieces)  # what each feeds first
+        done = 0  # tokens each drafted before the native call
+        if max(len(p) for p in pieces) >= PREFILL_MIN_TOKENS:
+            chain = self._first_greedy_pass(batch, rows, states, pieces, max_tokens, ids, drafted)
+            lead, done = [drafted[rows[j]][-1:] for j in chain], 1
+            if not chain:
+                return
+        scored, blocked = self._own_ids([states[j] for j in chain]) if self.context_ids else (False, None)
+        stop = batch.stop
+        keep = None if stop is None else (lambda a, i, f: stop.keep_drafting(rows[chain[a]], done + i + 1, f))
+        tokens, appended = self.model.draft_greedy(  # type: ignore[attr-defined]
+            self.cache, lead, [states[j].slot for j in chain], [max_tokens[rows[j]] - done for j in chain],
+            self._head_native, self._head_ids, more=self._pool_native if scored else None,
+            more_ids=self._pool_ids if scored else None, blocked=blocked, keep=keep,
+        )  # fmt: skip
+        for j, row_tokens, fed in zip(chain, tokens, appended, strict=True):
+            states[j].fed += fed
+            b = rows[j]
+            for t, token in enumerate(row_tokens, start=done):
+                ids[b, t] = token
+                drafted[b].append(token)
+
+    def _first_greedy_pass(
+        self,
+        batch: BatchView,
+        rows: Sequence[int],
+        states: Sequence[_State],
+        pieces: Sequence[Sequence[int]],
+        max_tokens: Sequence[int],
+        ids: Tensor,
+        drafted: dict[int, list[int]],
+    ) -> list[int]:
+        """:meth:`_draft_greedy`'s first pass in Python (a prompt's catch-up on the model's prefill
+        path), picked by ``ops.greedy_pick``; returns the indices of the rows that draft on."""
         from verispec.kernels import load
 
         h = self._hidden(states, pieces, torch.tensor([[len(p) - 1] for p in pieces]))[:, 0]  # [R, C]
@@ -515,7 +551,7 @@ class ModelDrafter:
         picked, confidence, ok = load().greedy_pick(
             self._head_module(h), self._head_ids, more, self._pool_ids if scored else None, blocked
         )
-        go_on: list[int] = []  # indices into rows / states
+        go_on: list[int] = []
         for j, (token, f, good) in enumerate(zip(picked.tolist(), confidence.tolist(), ok.tolist(), strict=True)):
             if not good:  # no greedy token: this row drafts nothing
                 continue
@@ -524,24 +560,7 @@ class ModelDrafter:
             drafted[b].append(token)
             if (batch.stop is None or batch.stop.keep_drafting(b, 1, f)) and max_tokens[b] > 1:
                 go_on.append(j)
-        if not go_on:
-            return
-        chain = [states[j] for j in go_on]
-        scored, blocked = self._own_ids(chain) if self.context_ids else (False, None)
-        stop = batch.stop
-        keep = None if stop is None else (lambda a, i, f: stop.keep_drafting(rows[go_on[a]], i + 2, f))
-        tokens, appended = self.model.draft_greedy(  # type: ignore[attr-defined]
-            self.cache, [drafted[rows[j]][-1] for j in go_on], [s.slot for s in chain],
-            [max_tokens[rows[j]] - 1 for j in go_on], self._head_native, self._head_ids,
-            more=self._pool_native if scored else None, more_ids=self._pool_ids if scored else None,
-            blocked=blocked, keep=keep,
-        )  # fmt: skip
-        for j, row_tokens, fed in zip(go_on, tokens, appended, strict=True):
-            states[j].fed += fed
-            b = rows[j]
-            for t, token in enumerate(row_tokens, start=1):
-                ids[b, t] = token
-                drafted[b].append(token)
+        return go_on
 
     @staticmethod
     def _without_mode(logits: Tensor) -> list[int]:

@@ -588,7 +588,7 @@ class Transformer(nn.Module):
     def draft_greedy(
         self,
         cache: KVCache,
-        tokens: Sequence[int],
+        pieces: Sequence[Sequence[int]],
         slots: Sequence[int],
         limits: Sequence[int],
         head: Any,
@@ -599,36 +599,45 @@ class Transformer(nn.Module):
         blocked: Tensor | None = None,
         keep: Callable[[int, int, float], bool] | None = None,
     ) -> tuple[list[list[int]], list[int]]:
-        """Greedy drafting passes in one native call (``Layers.draft_greedy``, ``csrc/bindings.cpp``;
-        :meth:`can_draft_greedy` says whether it runs). Row ``a`` appends ``tokens[a]`` to cache
-        slot ``slots[a]`` (a chain: at its length), then drafts the id of the largest score of the
-        heads and appends that one, and so on, until it has drafted ``limits[a]`` tokens, finds no
-        greedy token (a NaN or no finite score), or ``keep(a, i, confidence)`` (its token of pass
-        ``i`` and that token's probability at temperature 1) returns False. The heads are the
-        kernels' projections (:func:`~verispec.kernels.linear.native_projection`) of the final
-        norm's output: ``head`` scoring ``head_ids`` ``[H]``, ``more`` (or None) ``more_ids``
-        ``[E]`` with row ``a``'s ``blocked[a]`` ``[E]`` at -inf; ties go to the smallest id (the ids
-        ascend within each). Each pass is the one :meth:`forward_with_hidden` runs for a chain, and
-        each pick is ``ops.greedy_pick`` on those scores, bit for bit. Returns each row's drafted
+        """Greedy drafting in one native call (``Layers.draft_greedy``, ``csrc/bindings.cpp``;
+        :meth:`can_draft_greedy` says whether it runs). Row ``a`` appends ``pieces[a]`` (one or a
+        few tokens) to cache slot ``slots[a]`` (a chain: at its length), drafts the id of the
+        largest score of the heads after its last token and appends that one, and so on, until it
+        has drafted ``limits[a]`` tokens, finds no greedy token (a NaN or no finite score), or
+        ``keep(a, i, confidence)`` (its token of pass ``i`` and that token's probability at
+        temperature 1) returns False. The heads are the kernels' projections
+        (:func:`~verispec.kernels.linear.native_projection`) of the final norm's output: ``head``
+        scoring ``head_ids`` ``[H]``, ``more`` (or None) ``more_ids`` ``[E]`` with row ``a``'s
+        ``blocked[a]`` ``[E]`` at -inf; ties go to the smallest id (the ids ascend within each).
+        Each pass is the one :meth:`forward_with_hidden` runs for these pieces (right-padded) and
+        each pick is ``ops.greedy_pick`` on its scores, bit for bit. Returns each row's drafted
         tokens and how many tokens it appended (its cache length grew by that many)."""
         host, rows = cache.resolve_slots(slots, len(slots))
-        if len(tokens) != len(host) or len(limits) != len(host) or min(limits, default=0) < 1:
-            raise InputError("draft_greedy needs a token and a limit >= 1 for each slot")
-        for s, n in zip(host, limits, strict=True):
-            if cache.length_bound([s]) + n > cache.max_len:
-                raise InputError(f"KV cache overflow: slot {s} cannot hold {n} more tokens (max_len={cache.max_len})")
-        width = max(limits)
+        if len(pieces) != len(host) or len(limits) != len(host) or min(limits, default=0) < 1:
+            raise InputError("draft_greedy needs a piece and a limit >= 1 for each slot")
+        if min(len(p) for p in pieces) < 1:
+            raise InputError("draft_greedy needs at least one token to feed for each slot")
+        for s, piece, n in zip(host, pieces, limits, strict=True):
+            if cache.length_bound([s]) + len(piece) + n - 1 > cache.max_len:
+                more_tokens = len(piece) + n - 1
+                raise InputError(
+                    f"KV cache overflow: slot {s} cannot hold {more_tokens} more (max_len={cache.max_len})"
+                )
+        a, t0, d = len(host), max(len(p) for p in pieces), self.config.head_dim
+        width = t0 + max(limits) - 1
+        tokens = torch.zeros((a, t0), dtype=torch.int64)  # [A, T0], right-padded with 0 (as a pass pads)
+        for row, piece in enumerate(pieces):
+            tokens[row, : len(piece)] = torch.tensor(list(piece), dtype=torch.int64)
         with torch.inference_mode():
-            offsets = torch.arange(width, dtype=torch.int64)  # [P]
-            positions = cache.lengths.index_select(0, rows)[:, None] + offsets[None, :]  # [A, P]
-            cos, sin = self.rope.cos_sin(positions, self.dtype)  # [A, P, 1, D] each
-            a, d = len(host), self.config.head_dim
+            offsets = torch.arange(width, dtype=torch.int64)  # [W]
+            positions = cache.lengths.index_select(0, rows)[:, None] + offsets[None, :]  # [A, W]
+            cos, sin = self.rope.cos_sin(positions, self.dtype)  # [A, W, 1, D] each
             bounds = torch.tensor([cache.length_bound([s]) for s in host], dtype=torch.int64)  # [A]
             first = self.model.layers[0]
             assert isinstance(first, DecoderLayer)
             drafted, fed = self._native_layers.draft_greedy(
-                torch.tensor(list(tokens), dtype=torch.int64), rows, cache.lengths, bounds, cache.k, cache.v,
-                torch.tensor(list(limits), dtype=torch.int64), self.model.embed_tokens.weight,
+                tokens, torch.tensor([len(p) for p in pieces], dtype=torch.int64), rows, cache.lengths, bounds,
+                cache.k, cache.v, torch.tensor(list(limits), dtype=torch.int64), self.model.embed_tokens.weight,
                 first.input_layernorm.weight, cos.reshape(a, width, d).contiguous(),
                 sin.reshape(a, width, d).contiguous(), head, head_ids, more, more_ids, blocked, keep,
             )  # fmt: skip

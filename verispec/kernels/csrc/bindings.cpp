@@ -923,9 +923,9 @@ struct Layers {
   }
 
   // The greedy drafting loop (defined below the greedy pick).
-  std::tuple<at::Tensor, at::Tensor> draft_greedy(const at::Tensor& tokens, const at::Tensor& slots,
-                                                  const at::Tensor& lengths, const at::Tensor& bounds,
-                                                  at::Tensor& kc, at::Tensor& vc,
+  std::tuple<at::Tensor, at::Tensor> draft_greedy(const at::Tensor& tokens, const at::Tensor& counts,
+                                                  const at::Tensor& slots, const at::Tensor& lengths,
+                                                  const at::Tensor& bounds, at::Tensor& kc, at::Tensor& vc,
                                                   const at::Tensor& limits, const at::Tensor& embed,
                                                   const at::Tensor& first_norm, const at::Tensor& cos,
                                                   const at::Tensor& sin, const Projection& head,
@@ -992,47 +992,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> greedy_pick(const at::Tensor& sco
 
 // ------------------------------------------------------------------------------------ greedy drafting
 
-// The greedy drafting loop of verispec.drafters.model, one call for every draft pass after a
-// proposal's first: per pass, each row's last token is looked up in the embedding, normed (the
-// first layer's input norm), run through every layer (forward), scored by the restricted head
-// (and the request's own ids, `more`), and its greedy token and confidence picked (pick_greedy);
-// `keep(a, i, confidence)` (None: always) then says whether row a drafts on after its token of
-// pass i. The same operations, in the same order, as the drafter's Python loop with the
-// model's forward, the heads and ops.greedy_pick; what the loop saves is their ~0.7 ms of Python
-// and torch calls a pass.
-//   tokens [A] int64: each row's last drafted token (fed by the first pass); slots [A] int64:
-//   their cache rows; lengths: the cache's lengths (read: the caller advances them by the
-//   result's fed), bounds [A]: the host's bounds of the rows' lengths (KVCache: they set the
-//   attention's span as a Python pass has it); limits [A] int64 >= 1: the most tokens each row
-//   may still draft; embed [V, C]
-//   and first_norm [C] bf16; cos, sin [A, P, D] bf16: RoPE at row a's positions lengths + i, P
-//   >= the largest limit; head over head_ids [H]; more (or None) over more_ids [E], blocked
-//   [A, E] bool.
-// -> (drafted [A, P] int64: the token of pass i, -1 where the row drafted none; fed [A] int64: the
-// tokens each row appended to its cache, one per pass it took part in).
+// The greedy drafting loop of verispec.drafters.model: one call for a whole greedy proposal. Pass
+// 0 appends each row's pending tokens (tokens[a, :counts[a]]: the last committed one, and the last
+// draft token when the target accepted the whole draft; the rows right-padded as KVCache pads
+// them: padding keys to the scratch column, padding queries seeing position 0), every later pass
+// the row's token of the pass before. Per pass: the embedding, the first layer's input norm,
+// every layer (forward), at each row's last token the restricted head (and the head of the
+// request's own ids, `more`), its greedy token and confidence (pick_greedy), then
+// `keep(a, i, confidence)` (None: always) says whether row a drafts on after its token of pass i.
+// The same operations in the same order as the drafter's Python loop with the model's forward,
+// the heads and ops.greedy_pick, bit for bit; what it saves is their ~0.8 ms of Python and torch
+// calls a pass.
+//   tokens [A, T0] int64, counts [A] in [1, T0]; slots [A]: the rows' cache rows; lengths: the
+//   cache's lengths (read: the caller advances them by the result's fed); bounds [A]: the host's
+//   bounds of those lengths (KVCache: they set the attention's span as a Python pass has it);
+//   limits [A] >= 1: the most tokens each row may draft; embed [V, C] and first_norm [C] bf16;
+//   cos, sin [A, W, D] bf16: RoPE at row a's positions lengths + w, W >= T0 + the largest limit
+//   - 1; head over head_ids [H]; more (or None) over more_ids [E], blocked [A, E] bool (or None).
+// -> (drafted [A, L] int64, L the largest limit: the token of pass i, -1 where the row drafted
+// none; fed [A] int64: the tokens each row appended to its cache).
 std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
-    const at::Tensor& tokens, const at::Tensor& slots, const at::Tensor& lengths, const at::Tensor& bounds,
-    at::Tensor& kc, at::Tensor& vc, const at::Tensor& limits, const at::Tensor& embed, const at::Tensor& first_norm,
-    const at::Tensor& cos,
-    const at::Tensor& sin, const Projection& head, const at::Tensor& head_ids, const Projection* more,
-    const c10::optional<at::Tensor>& more_ids, const c10::optional<at::Tensor>& blocked,
-    const py::object& keep) const {
-  const int64_t a_rows = tokens.numel(), c = hidden, d = head_dim;
-  TORCH_CHECK(a_rows >= 1, "no rows to draft");
-  for (const at::Tensor* t : {&tokens, &slots, &limits, &lengths, &bounds})
+    const at::Tensor& tokens, const at::Tensor& counts, const at::Tensor& slots, const at::Tensor& lengths,
+    const at::Tensor& bounds, at::Tensor& kc, at::Tensor& vc, const at::Tensor& limits, const at::Tensor& embed,
+    const at::Tensor& first_norm, const at::Tensor& cos, const at::Tensor& sin, const Projection& head,
+    const at::Tensor& head_ids, const Projection* more, const c10::optional<at::Tensor>& more_ids,
+    const c10::optional<at::Tensor>& blocked, const py::object& keep) const {
+  const int64_t c = hidden, d = head_dim;
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) >= 1 && tokens.size(1) >= 1, "tokens must be [A, T0], A, T0 >= 1");
+  const int64_t a_rows = tokens.size(0), t0 = tokens.size(1);
+  for (const at::Tensor* t : {&tokens, &counts, &slots, &limits, &lengths, &bounds})
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(),
-                "tokens, slots, limits, lengths and bounds must be contiguous int64 CPU tensors");
-  TORCH_CHECK(slots.numel() == a_rows && limits.numel() == a_rows && bounds.numel() == a_rows,
-              "tokens, slots, bounds and limits need one value a row");
+                "tokens, counts, slots, limits, lengths and bounds must be contiguous int64 CPU tensors");
+  for (const at::Tensor* t : {&counts, &slots, &limits, &bounds})
+    TORCH_CHECK(t->numel() == a_rows, "counts, slots, bounds and limits need one value a row");
   check_bf16_cpu(embed, "the embedding");
   check_bf16_cpu(first_norm, "the first norm");
   TORCH_CHECK(embed.dim() == 2 && embed.size(1) == c && embed.is_contiguous(), "the embedding must be [V, ", c, "]");
   TORCH_CHECK(first_norm.numel() == c && first_norm.is_contiguous(), "the first norm must be [", c, "]");
-  const int64_t p_max = cos.dim() == 3 ? cos.size(1) : 0;
+  const int64_t width = cos.dim() == 3 ? cos.size(1) : 0;
   for (const at::Tensor* t : {&cos, &sin}) {
     check_bf16_cpu(*t, "cos and sin");
-    TORCH_CHECK(t->dim() == 3 && t->size(0) == a_rows && t->size(1) == p_max && t->size(2) == d && t->is_contiguous(),
-                "cos and sin must be contiguous [A, P, ", d, "]");
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == a_rows && t->size(1) == width && t->size(2) == d && t->is_contiguous(),
+                "cos and sin must be contiguous [A, W, ", d, "]");
   }
   TORCH_CHECK(head.k == c && head_ids.scalar_type() == at::kLong && head_ids.is_contiguous() &&
                   head_ids.numel() == head.n,
@@ -1046,58 +1047,76 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
                              blocked->numel() == a_rows * e),
                 "blocked must be [A, E] bool");
   }
-  const int64_t* tok0 = tokens.data_ptr<int64_t>();
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  const int64_t* count = counts.data_ptr<int64_t>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t* limit = limits.data_ptr<int64_t>();
   const int64_t* len = lengths.data_ptr<int64_t>();
   const int64_t* bound = bounds.data_ptr<int64_t>();
   const int64_t max_len = kc.size(3) - 1;  // (the last position: padding's scratch column)
+  int64_t most = 1;
   for (int64_t a = 0; a < a_rows; ++a) {
-    TORCH_CHECK(tok0[a] >= 0 && tok0[a] < embed.size(0), "token ", tok0[a], " is outside the embedding");
+    TORCH_CHECK(count[a] >= 1 && count[a] <= t0, "each row's count must be in [1, T0]");
+    for (int64_t q = 0; q < count[a]; ++q)
+      TORCH_CHECK(tok[a * t0 + q] >= 0 && tok[a * t0 + q] < embed.size(0), "token ", tok[a * t0 + q],
+                  " is outside the embedding");
     TORCH_CHECK(slot[a] >= 0 && slot[a] < lengths.numel() && slot[a] < kc.size(1), "cache row out of range");
-    TORCH_CHECK(limit[a] >= 1 && limit[a] <= p_max, "each row's limit must be in [1, P]");
-    TORCH_CHECK(len[slot[a]] >= 0 && len[slot[a]] <= bound[a] && bound[a] + limit[a] <= max_len,
-                "the cache cannot hold ", limit[a], " more tokens in row ", slot[a]);
+    TORCH_CHECK(limit[a] >= 1 && count[a] + limit[a] - 1 <= width, "each row's limit must be >= 1, with RoPE for it");
+    TORCH_CHECK(len[slot[a]] >= 0 && len[slot[a]] <= bound[a] && bound[a] + count[a] + limit[a] - 1 <= max_len,
+                "the cache cannot hold ", count[a] + limit[a] - 1, " more tokens in row ", slot[a]);
+    most = std::max(most, limit[a]);
   }
   const at::TensorOptions bf16 = embed.options(), longs = tokens.options();
-  at::Tensor drafted = at::full({a_rows, p_max}, -1, longs), fed = at::zeros({a_rows}, longs);
+  at::Tensor drafted = at::full({a_rows, most}, -1, longs), fed = at::zeros({a_rows}, longs);
   int64_t* out_ids = drafted.data_ptr<int64_t>();
   int64_t* out_fed = fed.data_ptr<int64_t>();
-  std::vector<int64_t> active(a_rows), token(tok0, tok0 + a_rows);
+  std::vector<int64_t> active(a_rows), last(a_rows);
   for (int64_t a = 0; a < a_rows; ++a) active[a] = a;
   const auto* emb = bf16_pointer(embed);
   const auto* cos_p = bf16_pointer(cos);
   const auto* sin_p = bf16_pointer(sin);
-  for (int64_t i = 0; i < p_max && !active.empty(); ++i) {
-    const int64_t m = static_cast<int64_t>(active.size());
-    at::Tensor h = at::empty({m, c}, bf16), x = at::empty({m, c}, bf16);
-    at::Tensor cs = at::empty({m, d}, bf16), sn = at::empty({m, d}, bf16);
-    at::Tensor rows = at::empty({m}, longs), write_pos = at::empty({m, 1}, longs);
+  for (int64_t i = 0; i < most && !active.empty(); ++i) {
+    const int64_t m = static_cast<int64_t>(active.size()), t = i == 0 ? t0 : 1;
+    at::Tensor h = at::empty({m * t, c}, bf16), x = at::empty({m * t, c}, bf16);
+    at::Tensor cs = at::empty({m * t, d}, bf16), sn = at::empty({m * t, d}, bf16);
+    at::Tensor rows = at::empty({m}, longs), write_pos = at::empty({m, t}, longs);
+    int64_t* wp = write_pos.data_ptr<int64_t>();
     int64_t span = 0;
     for (int64_t r = 0; r < m; ++r) {
-      const int64_t a = active[r];
-      std::memcpy(bf16_pointer_mut(h) + r * c, emb + token[a] * c, 2 * c);
-      std::memcpy(bf16_pointer_mut(cs) + r * d, cos_p + (a * p_max + i) * d, 2 * d);
-      std::memcpy(bf16_pointer_mut(sn) + r * d, sin_p + (a * p_max + i) * d, 2 * d);
+      const int64_t a = active[r], first = i == 0 ? 0 : count[a] + i - 1;  // the pass's first offset
       rows.data_ptr<int64_t>()[r] = slot[a];
-      write_pos.data_ptr<int64_t>()[r] = len[slot[a]] + i;
-      span = std::max(span, std::min(max_len, bound[a] + i + 1));  // (KVCache.begin_step's span)
+      for (int64_t q = 0; q < t; ++q) {
+        const bool real = q < (i == 0 ? count[a] : 1);  // (padding: token 0, its keys to the scratch column)
+        const int64_t token = i > 0 ? last[a] : real ? tok[a * t0 + q] : 0, row = r * t + q;
+        std::memcpy(bf16_pointer_mut(h) + row * c, emb + token * c, 2 * c);
+        std::memcpy(bf16_pointer_mut(cs) + row * d, cos_p + (a * width + first + q) * d, 2 * d);
+        std::memcpy(bf16_pointer_mut(sn) + row * d, sin_p + (a * width + first + q) * d, 2 * d);
+        wp[row] = real ? len[slot[a]] + first + q : max_len;
+      }
+      span = std::max(span, std::min(max_len, bound[a] + count[a] + i));  // (KVCache.begin_step's span)
     }
-    at::Tensor visible = at::empty({m, 1, span}, at::kBool);  // causal: position j <= the row's own
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < span; ++j) visible.data_ptr<bool>()[r * span + j] = j <= write_pos.data_ptr<int64_t>()[r];
-    rms_norm_at(bf16_pointer_mut(h), nullptr, bf16_pointer(first_norm), bf16_pointer_mut(x), m, c, eps);
-    const at::Tensor out = forward(h, x, cs, sn, kc, vc, rows, write_pos, span, visible, false);  // [m, C]
+    at::Tensor visible = at::empty({m, t, span}, at::kBool);  // causal; a padding query sees position 0
+    bool* vis = visible.data_ptr<bool>();
+    for (int64_t row = 0; row < m * t; ++row)
+      for (int64_t j = 0; j < span; ++j) vis[row * span + j] = wp[row] == max_len ? j == 0 : j <= wp[row];
+    rms_norm_at(bf16_pointer_mut(h), nullptr, bf16_pointer(first_norm), bf16_pointer_mut(x), m * t, c, eps);
+    const at::Tensor out = forward(h, x, cs, sn, kc, vc, rows, write_pos, span, visible, false);  // [m t, C]
+    at::Tensor picked_rows = at::empty({m, c}, bf16);  // each row's last token's
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t q = i == 0 ? count[active[r]] - 1 : 0;
+      std::memcpy(bf16_pointer_mut(picked_rows) + r * c, bf16_pointer(out) + (r * t + q) * c, 2 * c);
+    }
     at::Tensor scores = at::empty({m, head.n}, bf16), more_scores = at::empty({m, std::max<int64_t>(e, 1)}, bf16);
     int64_t scratch_bytes = head.scratch_bytes(m, c, false);
     if (more) scratch_bytes = std::max(scratch_bytes, more->scratch_bytes(m, c, false));
     at::Tensor scratch = at::empty({std::max<int64_t>(scratch_bytes, 1)}, at::kByte);
-    head.run(bf16_pointer(out), m, c, bf16_pointer_mut(scores), scratch.data_ptr<uint8_t>(), false);
-    if (more) more->run(bf16_pointer(out), m, c, bf16_pointer_mut(more_scores), scratch.data_ptr<uint8_t>(), false);
+    head.run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(scores), scratch.data_ptr<uint8_t>(), false);
+    if (more)
+      more->run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(more_scores), scratch.data_ptr<uint8_t>(), false);
     std::vector<int64_t> next;
     for (int64_t r = 0; r < m; ++r) {
       const int64_t a = active[r];
-      ++out_fed[a];
+      out_fed[a] += i == 0 ? count[a] : 1;
       const PickSegment parts[2] = {
           segment_of(bf16_pointer(scores) + r * head.n, true, head.n, head_ids.data_ptr<int64_t>(), nullptr),
           segment_of(more ? bf16_pointer(more_scores) + r * e : nullptr, true, e,
@@ -1105,8 +1124,8 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
                      more && blocked ? blocked->data_ptr<bool>() + a * e : nullptr)};
       const PickResult p = pick_greedy(parts, more ? 2 : 1);
       if (!p.ok) continue;  // no greedy token: the row's draft ends before this position
-      out_ids[a * p_max + i] = p.id;
-      token[a] = p.id;
+      out_ids[a * most + i] = p.id;
+      last[a] = p.id;
       const bool goes_on = keep.is_none() || keep(a, i, p.confidence).cast<bool>();
       if (goes_on && i + 1 < limit[a]) next.push_back(a);
     }
@@ -1217,12 +1236,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
            py::arg("rows"), py::arg("write_pos"), py::arg("span"), py::arg("visible"), py::arg("prefill") = false)
       .def("draft_greedy", &verispec::Layers::draft_greedy,
-           "tokens, slots, lengths, bounds, k_cache, v_cache, limits, embed, first_norm, cos, sin, head, head_ids, "
-           "more, more_ids, blocked, keep -> (drafted [A, P], fed [A]): the greedy drafting loop (one call for every "
-           "draft pass after a proposal's first)",
-           py::arg("tokens"), py::arg("slots"), py::arg("lengths"), py::arg("bounds"), py::arg("k_cache"),
-           py::arg("v_cache"),
-           py::arg("limits"), py::arg("embed"), py::arg("first_norm"), py::arg("cos"), py::arg("sin"),
-           py::arg("head"), py::arg("head_ids"), py::arg("more"), py::arg("more_ids"), py::arg("blocked"),
-           py::arg("keep"));
+           "tokens, counts, slots, lengths, bounds, k_cache, v_cache, limits, embed, first_norm, cos, sin, head, "
+           "head_ids, more, more_ids, blocked, keep -> (drafted [A, L], fed [A]): the greedy drafting loop (one call "
+           "for a whole greedy proposal)",
+           py::arg("tokens"), py::arg("counts"), py::arg("slots"), py::arg("lengths"), py::arg("bounds"),
+           py::arg("k_cache"), py::arg("v_cache"), py::arg("limits"), py::arg("embed"), py::arg("first_norm"),
+           py::arg("cos"), py::arg("sin"), py::arg("head"), py::arg("head_ids"), py::arg("more"), py::arg("more_ids"),
+           py::arg("blocked"), py::arg("keep"));
 }
