@@ -1,17 +1,18 @@
 """Drafters side by side on a prompt set: which one makes the default pair fastest?
 
-One process, one engine per configuration over the machine's defaults (precisions, draft head, K
-per step), the configurations in rotating order per prompt (the host's speed moves from minute to
+One process, one engine per configuration over the machine's defaults (precisions, draft head, K per
+step), the configurations in rotating order per prompt (the host's speed moves from minute to
 minute), 128 tokens each, tok/s counting the prompt's prefill. Greedy runs assert that every
 configuration gives the same tokens. Configurations: ``plain`` (no drafter), ``model``,
 ``composite`` (the suffix lookup, else the model: what ``--drafter composite`` builds),
 ``composite-before`` (the composite as it was before its lookups drafted on the steps the policy
 gave the model none, and before the policy kept them out of the model's acceptance),
 ``ngram-composite`` (the composite with prompt lookup instead of the suffix lookup, as it was
-before), ``suffix``, ``ngram``. Printed per prompt: each configuration's tok/s, and how many of its
-decode steps drafted and how many of those drafts a lookup made for free; reported per
-configuration: the median tok/s, and the median and geometric mean of its per-prompt ratio to the
-first configuration.
+before), ``suffix``, ``ngram``; ``model-python-loop`` and ``composite-python-loop``: those drafters
+with greedy drafting in Python's loop instead of one native call a proposal (as before it). Printed
+per prompt: each configuration's tok/s, and how many of its decode steps drafted and how many of
+those drafts a lookup made for free; reported per configuration: the median tok/s, and the median
+and geometric mean of its per-prompt ratio to the first configuration.
 
     python benchmarks/drafters_ab.py --configs model,composite,ngram-composite,plain --set humaneval \\
         --prompts 16 [--temperature 0] [--json out.json]
@@ -33,7 +34,8 @@ from verispec.drafters.ngram import NgramDrafter
 from verispec.pipeline import Pipeline, build, machine_defaults
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
-CONFIGS = ("plain", "model", "composite", "composite-before", "ngram-composite", "suffix", "ngram")
+CONFIGS = ("plain", "model", "composite", "composite-before", "ngram-composite", "suffix", "ngram",
+           "model-python-loop", "composite-python-loop")  # fmt: skip
 
 
 def engine_for(name: str) -> Pipeline:
@@ -41,7 +43,7 @@ def engine_for(name: str) -> Pipeline:
     if name in ("plain", "suffix", "ngram"):
         return build(TARGET, None, drafter="none" if name == "plain" else name, dtype=picked.dtype, max_batch=1,
                      max_len=4096)  # fmt: skip
-    drafter = "composite" if name in ("ngram-composite", "composite-before") else name
+    drafter = "composite" if name in ("ngram-composite", "composite-before") else name.removesuffix("-python-loop")
     pipe = build(TARGET, DRAFT, drafter=drafter, dtype=picked.dtype, draft_dtype=picked.draft_dtype,
                  draft_head=picked.draft_head, max_batch=1, max_len=4096)  # fmt: skip
     if name == "composite-before":  # lookups only where the model drafts, counted in the model's acceptance
@@ -50,6 +52,9 @@ def engine_for(name: str) -> Pipeline:
         pipe.engine.policy.observe = lambda *a, **kw: observe(*a[:7])  # type: ignore[method-assign]
     if name == "ngram-composite":
         pipe.engine.drafter.lookup = NgramDrafter(2, 4)  # type: ignore[attr-defined]
+    if name.endswith("-python-loop"):  # greedy drafts by the drafter's Python loop
+        model = pipe.engine.drafter if drafter == "model" else pipe.engine.drafter.model  # type: ignore[attr-defined]
+        model._greedy_natively = lambda: False
     return pipe
 
 

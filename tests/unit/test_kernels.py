@@ -741,6 +741,8 @@ def test_the_greedy_pick_refuses_what_it_cannot_read() -> None:
         ops.greedy_pick(torch.zeros(2, 8), torch.arange(7))
     with pytest.raises(RuntimeError, match="second segment needs its ids"):
         ops.greedy_pick(torch.zeros(2, 8), None, torch.zeros(2, 3))
+    with pytest.raises(RuntimeError, match="belong to a second segment"):
+        ops.greedy_pick(torch.zeros(2, 8), None, None, None, torch.zeros(2, 8, dtype=torch.bool))
     with pytest.raises(RuntimeError, match="blocked columns"):
         ops.greedy_pick(
             torch.zeros(2, 8), None, torch.zeros(2, 3), torch.arange(3), torch.zeros(2, 2, dtype=torch.bool)

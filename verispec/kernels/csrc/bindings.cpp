@@ -937,8 +937,8 @@ struct Layers {
 
 // ------------------------------------------------------------------------------------ greedy pick
 
-// Checks the segments greedy_pick and Layers::draft_greedy read: scores [A, W] bf16 or fp32, ids
-// [W] int64 (or none), blocked [A, W] bool (or none), all contiguous.
+// Checks a segment of scores greedy_pick reads: scores [A, W] bf16 or fp32, ids [W] int64 (or
+// none), blocked [A, W] bool (or none), all contiguous.
 void check_segment(const at::Tensor& scores, const at::Tensor* ids, const at::Tensor* blocked, const char* what) {
   TORCH_CHECK(scores.device().is_cpu() && scores.dim() == 2 && scores.is_contiguous() &&
                   (scores.scalar_type() == at::kBFloat16 || scores.scalar_type() == at::kFloat),
@@ -952,19 +952,17 @@ void check_segment(const at::Tensor& scores, const at::Tensor* ids, const at::Te
                 what, "'s blocked columns must be [A, W] bool like its scores");
 }
 
-PickSegment segment_of(const void* row, bool bf16, int64_t width, const int64_t* ids, const bool* blocked) {
-  return {row, bf16, width, ids, blocked};
-}
-
-// scores [A, W] bf16 or fp32 with the id of each column (ids [W] int64; None: the column), and
-// optionally a second segment more [A, E] (more_ids [E]; blocked [A, E] bool: columns counting as
-// -inf) -> (id [A] int64, confidence [A] fp32, ok [A] bool): vec/pick.cpp's greedy token of each row.
+// scores [A, W] bf16 or fp32 with the id of each column (ids [W] int64, ascending; None: the
+// column), and optionally a second segment more [A, E] (more_ids [E], ascending; blocked [A, E]
+// bool: columns counting as -inf) -> (id [A] int64, confidence [A] fp32, ok [A] bool):
+// vec/pick.cpp's greedy token of each row.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> greedy_pick(const at::Tensor& scores,
                                                            const c10::optional<at::Tensor>& ids,
                                                            const c10::optional<at::Tensor>& more,
                                                            const c10::optional<at::Tensor>& more_ids,
                                                            const c10::optional<at::Tensor>& blocked) {
   check_segment(scores, ids ? &*ids : nullptr, nullptr, "scores");
+  TORCH_CHECK(!blocked || more, "blocked columns belong to a second segment");
   const int64_t a = scores.size(0);
   if (more) {
     TORCH_CHECK(more_ids.has_value() && more->size(0) == a, "a second segment needs its ids and the same rows");
@@ -978,10 +976,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> greedy_pick(const at::Tensor& sco
   const bool more_bf16 = more && more->scalar_type() == at::kBFloat16;
   for (int64_t r = 0; r < a; ++r) {
     const PickSegment parts[2] = {
-        segment_of(base + r * w * scores.element_size(), bf16, w, ids ? ids->data_ptr<int64_t>() : nullptr, nullptr),
-        segment_of(more ? more_base + r * e * more->element_size() : nullptr, more_bf16, e,
-                   more ? more_ids->data_ptr<int64_t>() : nullptr,
-                   blocked ? blocked->data_ptr<bool>() + r * e : nullptr)};
+        PickSegment{base + r * w * scores.element_size(), bf16, w, ids ? ids->data_ptr<int64_t>() : nullptr, nullptr},
+        PickSegment{more ? more_base + r * e * more->element_size() : nullptr, more_bf16, e,
+                    more ? more_ids->data_ptr<int64_t>() : nullptr,
+                    blocked ? blocked->data_ptr<bool>() + r * e : nullptr}};
     const PickResult p = pick_greedy(parts, more ? 2 : 1);
     id.data_ptr<int64_t>()[r] = p.id;
     conf.data_ptr<float>()[r] = p.confidence;
@@ -1077,52 +1075,60 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
   const auto* sin_p = bf16_pointer(sin);
   for (int64_t i = 0; i < most && !active.empty(); ++i) {
     const int64_t m = static_cast<int64_t>(active.size()), t = i == 0 ? t0 : 1;
-    at::Tensor h = at::empty({m * t, c}, bf16), x = at::empty({m * t, c}, bf16);
-    at::Tensor cs = at::empty({m * t, d}, bf16), sn = at::empty({m * t, d}, bf16);
-    at::Tensor rows = at::empty({m}, longs), write_pos = at::empty({m, t}, longs);
-    int64_t* wp = write_pos.data_ptr<int64_t>();
-    int64_t span = 0;
-    for (int64_t r = 0; r < m; ++r) {
-      const int64_t a = active[r], first = i == 0 ? 0 : count[a] + i - 1;  // the pass's first offset
-      rows.data_ptr<int64_t>()[r] = slot[a];
-      for (int64_t q = 0; q < t; ++q) {
-        const bool real = q < (i == 0 ? count[a] : 1);  // (padding: token 0, its keys to the scratch column)
-        const int64_t token = i > 0 ? last[a] : real ? tok[a * t0 + q] : 0, row = r * t + q;
-        std::memcpy(bf16_pointer_mut(h) + row * c, emb + token * c, 2 * c);
-        std::memcpy(bf16_pointer_mut(cs) + row * d, cos_p + (a * width + first + q) * d, 2 * d);
-        std::memcpy(bf16_pointer_mut(sn) + row * d, sin_p + (a * width + first + q) * d, 2 * d);
-        wp[row] = real ? len[slot[a]] + first + q : max_len;
+    std::vector<PickResult> picks(m);
+    {
+      py::gil_scoped_release no_gil;  // (a server's event loop runs meanwhile; only keep needs Python)
+      at::Tensor h = at::empty({m * t, c}, bf16), x = at::empty({m * t, c}, bf16);
+      at::Tensor cs = at::empty({m * t, d}, bf16), sn = at::empty({m * t, d}, bf16);
+      at::Tensor rows = at::empty({m}, longs), write_pos = at::empty({m, t}, longs);
+      int64_t* wp = write_pos.data_ptr<int64_t>();
+      int64_t span = 0;
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t a = active[r], first = i == 0 ? 0 : count[a] + i - 1;  // the pass's first offset
+        rows.data_ptr<int64_t>()[r] = slot[a];
+        for (int64_t q = 0; q < t; ++q) {
+          const bool real = q < (i == 0 ? count[a] : 1);  // (padding: token 0, its keys to the scratch column)
+          const int64_t token = i > 0 ? last[a] : real ? tok[a * t0 + q] : 0, row = r * t + q;
+          std::memcpy(bf16_pointer_mut(h) + row * c, emb + token * c, 2 * c);
+          std::memcpy(bf16_pointer_mut(cs) + row * d, cos_p + (a * width + first + q) * d, 2 * d);
+          std::memcpy(bf16_pointer_mut(sn) + row * d, sin_p + (a * width + first + q) * d, 2 * d);
+          wp[row] = real ? len[slot[a]] + first + q : max_len;
+        }
+        span = std::max(span, std::min(max_len, bound[a] + count[a] + i));  // (KVCache.begin_step's span)
       }
-      span = std::max(span, std::min(max_len, bound[a] + count[a] + i));  // (KVCache.begin_step's span)
+      at::Tensor visible = at::empty({m, t, span}, at::kBool);  // causal; a padding query sees position 0
+      bool* vis = visible.data_ptr<bool>();
+      for (int64_t row = 0; row < m * t; ++row)
+        for (int64_t j = 0; j < span; ++j) vis[row * span + j] = wp[row] == max_len ? j == 0 : j <= wp[row];
+      rms_norm_at(bf16_pointer_mut(h), nullptr, bf16_pointer(first_norm), bf16_pointer_mut(x), m * t, c, eps);
+      const at::Tensor out = forward(h, x, cs, sn, kc, vc, rows, write_pos, span, visible, false);  // [m t, C]
+      at::Tensor picked_rows = at::empty({m, c}, bf16);  // each row's last token's
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t q = i == 0 ? count[active[r]] - 1 : 0;
+        std::memcpy(bf16_pointer_mut(picked_rows) + r * c, bf16_pointer(out) + (r * t + q) * c, 2 * c);
+      }
+      at::Tensor scores = at::empty({m, head.n}, bf16), more_scores = at::empty({m, std::max<int64_t>(e, 1)}, bf16);
+      int64_t scratch_bytes = head.scratch_bytes(m, c, false);
+      if (more) scratch_bytes = std::max(scratch_bytes, more->scratch_bytes(m, c, false));
+      at::Tensor scratch = at::empty({std::max<int64_t>(scratch_bytes, 1)}, at::kByte);
+      head.run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(scores), scratch.data_ptr<uint8_t>(), false);
+      if (more)
+        more->run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(more_scores), scratch.data_ptr<uint8_t>(), false);
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t a = active[r];
+        out_fed[a] += i == 0 ? count[a] : 1;
+        const PickSegment parts[2] = {
+            PickSegment{bf16_pointer(scores) + r * head.n, true, head.n, head_ids.data_ptr<int64_t>(), nullptr},
+            PickSegment{more ? bf16_pointer(more_scores) + r * e : nullptr, true, e,
+                        more ? more_ids->data_ptr<int64_t>() : nullptr,
+                        more && blocked ? blocked->data_ptr<bool>() + a * e : nullptr}};
+        picks[r] = pick_greedy(parts, more ? 2 : 1);
+      }
     }
-    at::Tensor visible = at::empty({m, t, span}, at::kBool);  // causal; a padding query sees position 0
-    bool* vis = visible.data_ptr<bool>();
-    for (int64_t row = 0; row < m * t; ++row)
-      for (int64_t j = 0; j < span; ++j) vis[row * span + j] = wp[row] == max_len ? j == 0 : j <= wp[row];
-    rms_norm_at(bf16_pointer_mut(h), nullptr, bf16_pointer(first_norm), bf16_pointer_mut(x), m * t, c, eps);
-    const at::Tensor out = forward(h, x, cs, sn, kc, vc, rows, write_pos, span, visible, false);  // [m t, C]
-    at::Tensor picked_rows = at::empty({m, c}, bf16);  // each row's last token's
-    for (int64_t r = 0; r < m; ++r) {
-      const int64_t q = i == 0 ? count[active[r]] - 1 : 0;
-      std::memcpy(bf16_pointer_mut(picked_rows) + r * c, bf16_pointer(out) + (r * t + q) * c, 2 * c);
-    }
-    at::Tensor scores = at::empty({m, head.n}, bf16), more_scores = at::empty({m, std::max<int64_t>(e, 1)}, bf16);
-    int64_t scratch_bytes = head.scratch_bytes(m, c, false);
-    if (more) scratch_bytes = std::max(scratch_bytes, more->scratch_bytes(m, c, false));
-    at::Tensor scratch = at::empty({std::max<int64_t>(scratch_bytes, 1)}, at::kByte);
-    head.run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(scores), scratch.data_ptr<uint8_t>(), false);
-    if (more)
-      more->run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(more_scores), scratch.data_ptr<uint8_t>(), false);
     std::vector<int64_t> next;
     for (int64_t r = 0; r < m; ++r) {
       const int64_t a = active[r];
-      out_fed[a] += i == 0 ? count[a] : 1;
-      const PickSegment parts[2] = {
-          segment_of(bf16_pointer(scores) + r * head.n, true, head.n, head_ids.data_ptr<int64_t>(), nullptr),
-          segment_of(more ? bf16_pointer(more_scores) + r * e : nullptr, true, e,
-                     more ? more_ids->data_ptr<int64_t>() : nullptr,
-                     more && blocked ? blocked->data_ptr<bool>() + a * e : nullptr)};
-      const PickResult p = pick_greedy(parts, more ? 2 : 1);
+      const PickResult& p = picks[r];
       if (!p.ok) continue;  // no greedy token: the row's draft ends before this position
       out_ids[a * most + i] = p.id;
       last[a] = p.id;
@@ -1234,7 +1240,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "call for every decoder layer; prefill: a prompt's chunk, int8 / Q4_K projections on the prefill kernels "
            "and attention by torch's scaled_dot_product_attention)",
            py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
-           py::arg("rows"), py::arg("write_pos"), py::arg("span"), py::arg("visible"), py::arg("prefill") = false)
+           py::arg("rows"), py::arg("write_pos"), py::arg("span"), py::arg("visible"), py::arg("prefill") = false,
+           py::call_guard<py::gil_scoped_release>())  // (no Python inside: a server's event loop runs meanwhile)
       .def("draft_greedy", &verispec::Layers::draft_greedy,
            "tokens, counts, slots, lengths, bounds, k_cache, v_cache, limits, embed, first_norm, cos, sin, head, "
            "head_ids, more, more_ids, blocked, keep -> (drafted [A, L], fed [A]): the greedy drafting loop (one call "

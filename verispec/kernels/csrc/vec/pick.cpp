@@ -1,5 +1,5 @@
 // The greedy draft token of one row of scores (verispec.drafters.model's greedy drafting): the id
-// of the largest score, ties to the smallest id (torch's argmax over ids in ascending order), and
+// of the largest score, ties to the smallest id (torch's argmax over the ids in ascending order), and
 // that token's confidence, its probability at temperature 1 = 1 / sum_j exp(x_j - max) (fp32: 16
 // lanes adding in column order, vec::exp, then the fixed lane reduction; the same bits on every
 // tier). A row holding a NaN, or whose largest score is not finite (every score -inf, or +inf),
@@ -7,7 +7,8 @@
 //
 // The scores are one or two segments (a restricted head's ids, then the request's own ids scored
 // by a second head: drafters/model.py), each column named by its id, the ids ascending within a
-// segment; a column that `blocked` marks counts as -inf (an id another request brought).
+// segment (a segment's tie goes to its first column holding the largest score); a column that
+// `blocked` marks counts as -inf (an id another request brought).
 #include <algorithm>
 #include <cmath>
 #include <limits>
