@@ -631,7 +631,7 @@ class Transformer(nn.Module):
         with torch.inference_mode():
             offsets = torch.arange(width, dtype=torch.int64)  # [W]
             positions = cache.lengths.index_select(0, rows)[:, None] + offsets[None, :]  # [A, W]
-            cos, sin = self.rope.cos_sin(positions, self.dtype)  # [A, W, 1, D] each
+            cos, sin = self.rope.cos_sin(positions, self.dtype)  # [A, W, 1, D]: a pass's values, elementwise
             bounds = torch.tensor([cache.length_bound([s]) for s in host], dtype=torch.int64)  # [A]
             first = self.model.layers[0]
             assert isinstance(first, DecoderLayer)
