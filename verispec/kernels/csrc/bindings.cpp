@@ -1163,6 +1163,9 @@ int64_t stream_read(const at::Tensor& t) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "verispec CPU kernels, tier " VS_STRING(VS_TIER) "; see verispec/kernels/csrc/";
+  // The projections, attention and the layer loops call no Python: other Python threads (a server's
+  // event loop beside the engine's thread) run while they compute.
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("tier", [] { return std::string(VS_STRING(VS_TIER)); }, "the instruction-set tier this module was built for");
   m.def("amx_available", &verispec::amx_permitted, "whether this process may use AMX tiles (amx tier only)");
   m.def("q4k_pack", &verispec::q4k_pack_blocks, "GGUF Q4_K blocks [N, ceil(K/256)*144] uint8 -> packed records (K a multiple of 128)");
@@ -1173,37 +1176,39 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q6k_dequantize", &verispec::q6k_dequantize_packed, "packed Q6_K -> the exact fp32 weights [N, K]");
   m.def("q6k_linear", &verispec::q6k_matmul,
         "x [M, K] quantised to int8 per 64 inputs, times dequantise(packed Q6_K).T, + bias -> [M, N], x's dtype",
-        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"));
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), no_gil);
   m.def("q4k_linear", &verispec::q4k_matmul,
         "x [M, K] quantised to int8 per 64 inputs, times dequantise(packed Q4_K).T, + bias -> [M, N], x's dtype; "
         "engine 0 = by the number of rows, 1 = vectors, 2 = AMX (amx tier; the same result)",
-        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("engine") = 0);
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("engine") = 0, no_gil);
   m.def("w8a8_pack", &verispec::w8a8_pack_codes, "int8 codes [N, K] -> packed W8A8 layout (codes + 128)");
   m.def("w8a8_quantize", &verispec::w8a8_quantize_rows, "x [M, K] -> (int8 [M, K], scales per 64 inputs [M, ceil(K/64)], sums per 32 inputs [M, K/32])");
   m.def("w8a8_linear", &verispec::w8a8_matmul,
         "x [M, K] quantised to int8 per 64 inputs, times (scale * codes).T, + bias -> [M, N], x's dtype; engine 0 = "
         "by the number of rows, 1 = vectors, 2 = AMX (amx tier; the same result)",
         py::arg("x"), py::arg("packed"), py::arg("scale"), py::arg("n"), py::arg("k"), py::arg("bias"),
-        py::arg("engine") = 0);
+        py::arg("engine") = 0, no_gil);
   m.def("bf16_pack", &verispec::bf16_pack_weight, "bf16 weight [N, K] -> packed pair layout (N rounded up to 16)");
   m.def("bf16_linear", &verispec::bf16_matmul,
         "x [M, K] bf16 times unpack(packed).T (fp32 sums: TDPBF16PS order on amx, one FMA chain elsewhere), + bias -> [M, N] bf16 (fp32 when out_fp32)",
-        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("out_fp32") = false);
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("out_fp32") = false,
+        no_gil);
   m.def("prefill_available", [] { return verispec::kHasAmx && verispec::amx_permitted(); },
         "whether the prefill kernels run here (the amx tier with AMX permitted)");
   m.def("int8_prefill_linear", &verispec::int8_prefill_matmul,
         "x [M, K] bf16 times the int8 weights (scale * codes) rounded to bf16 (nearest even), summed on AMX bf16 "
         "tiles as bf16_linear, + bias -> [M, N] bf16: the amx tier's path for a prompt's rows",
-        py::arg("x"), py::arg("packed"), py::arg("scale"), py::arg("n"), py::arg("k"), py::arg("bias"));
+        py::arg("x"), py::arg("packed"), py::arg("scale"), py::arg("n"), py::arg("k"), py::arg("bias"), no_gil);
   m.def("q4k_prefill_linear", &verispec::q4k_prefill_matmul,
         "x [M, K] bf16 times the Q4_K weights dequantised to bf16 (round to nearest even), summed on AMX bf16 "
         "tiles as bf16_linear, + bias -> [M, N] bf16: the amx tier's path for a prompt's rows",
-        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"));
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("bias"), no_gil);
   m.def("attention_scores", &verispec::attention_scores,
         "q [M, D], k [N, D] bf16 -> [M, N] fp32: the amx tier's attention scores, unscaled (tests)");
   m.def("attention_rows", &verispec::attention_by_row,
         "q [B, T, H, D], k/v [B, H_kv, span, D], visible [B, T, span] bool, scale -> [B, T, H, D]: softmax "
-        "attention one query row at a time in a fixed order (batch-invariant)");
+        "attention one query row at a time in a fixed order (batch-invariant)",
+        no_gil);
   m.def("rms_norm", &verispec::rms_norm,
         "h [..., C] bf16 (h += delta in place first, when given) -> RMSNorm(h) * weight (batch-invariant)",
         py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
@@ -1241,7 +1246,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "and attention by torch's scaled_dot_product_attention)",
            py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
            py::arg("rows"), py::arg("write_pos"), py::arg("span"), py::arg("visible"), py::arg("prefill") = false,
-           py::call_guard<py::gil_scoped_release>())  // (no Python inside: a server's event loop runs meanwhile)
+           no_gil)
       .def("draft_greedy", &verispec::Layers::draft_greedy,
            "tokens, counts, slots, lengths, bounds, k_cache, v_cache, limits, embed, first_norm, cos, sin, head, "
            "head_ids, more, more_ids, blocked, keep -> (drafted [A, L], fed [A]): the greedy drafting loop (one call "
