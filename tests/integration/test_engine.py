@@ -56,6 +56,33 @@ def test_greedy_speculative_equals_plain_greedy(drafter: str) -> None:
         assert sum(o.stats.num_accepted_tokens for o in outs) > 0
 
 
+def test_greedy_steps_are_judged_from_the_modes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of greedy rows with no bias or penalty is judged from the target's modes, no laws
+    built (``Engine._judge_greedy``), and decodes plain greedy's tokens; a sampled row in the
+    batch, or a logit bias, sends the step to the laws and the rule."""
+    target, _ = tiny_pair(8)
+    e = engine("model")
+    used: list[bool] = []
+    judge = e._judge_greedy
+
+    def spy(*args: object) -> object:
+        out = judge(*args)  # type: ignore[arg-type]
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(e, "_judge_greedy", spy)
+    outs = e.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20))
+    assert used and all(used)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == plain_greedy(target, prompt, 20)
+    for other in (SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0, logit_bias={3: 0.5})):
+        used.clear()  # (the other request outlives the greedy one: every step has it)
+        e.generate(
+            PROMPTS[:2], [SamplingParams(temperature=0, max_tokens=6), dataclasses.replace(other, max_tokens=10)]
+        )
+        assert used and not any(used)
+
+
 @pytest.mark.parametrize("children", ["fixed", "sampled", "distinct"])
 def test_greedy_tree_speculation_equals_plain_greedy(children: str) -> None:
     """fp32 on torch's kernels: each tree node is scored on its own path (tree mask, depth

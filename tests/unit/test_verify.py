@@ -287,6 +287,30 @@ def test_rows_without_generator_are_verified_greedily():
                 assert v.num_accepted[b] == greedy.num_accepted[b]
 
 
+def test_the_greedy_verdict_from_modes_is_the_rules_on_their_one_hot_laws():
+    """greedy_verdict (the engine's greedy steps: modes read off the logits, no laws built) gives
+    what RejectionRule.verify gives on the one-hot laws of the same modes: ties (rounded logits,
+    the lowest id), drafts of every length 0..K, draft tokens that are and are not the mode."""
+    from verispec.sampling import mode
+    from verispec.verify.rejection import greedy_verdict
+
+    gen = torch.Generator().manual_seed(78)
+    for case in range(40):
+        batch, k, vocab = 5, 4, 9
+        logits = torch.randn((batch, k + 1, vocab), generator=gen) * 2
+        logits = logits.round() if case % 2 else logits
+        modes = mode(logits)  # [B, K + 1]
+        one_hot = torch.zeros_like(logits).scatter_(2, modes.unsqueeze(2), 1.0)
+        ids = torch.where(
+            torch.rand((batch, k), generator=gen) < 0.7,
+            modes[:, :k],
+            torch.randint(0, vocab, (batch, k), generator=gen),
+        )
+        num = torch.randint(0, k + 1, (batch,), generator=gen)
+        draft = Draft(torch.where(torch.arange(k) < num.unsqueeze(1), ids, PAD_ID), num, None)
+        assert_same(greedy_verdict(draft, modes), RejectionRule().verify(draft, one_hot, [None] * batch))
+
+
 def test_rejection_rule_does_not_touch_global_rng():
     torch.manual_seed(3)
     state = torch.get_rng_state()

@@ -46,8 +46,9 @@ from verispec.errors import ConfigError, InputError, VerispecError
 from verispec.formats.tokenizer import Tokenizer
 from verispec.models.protocol import LanguageModel
 from verispec.models.transformer import PREFILL_MIN_TOKENS, ForwardOutput, tree_attention_mask
-from verispec.sampling import Laws, TokenHistory, build_laws, cut_vocab, make_generator
+from verispec.sampling import Laws, TokenHistory, build_laws, cut_vocab, make_generator, mode
 from verispec.verify import Draft, make_rule
+from verispec.verify.rejection import RejectionRule, greedy_verdict
 
 log = logging.getLogger(__name__)
 
@@ -388,6 +389,9 @@ class Engine:
         (empty for chains) per row, and the rows that failed. A row whose laws cannot be built (NaN
         logits, every token banned, ...) fails alone and the others are judged without it; their
         randomness is untouched, as each request draws only from its own generator."""
+        greedy = self._judge_greedy(logits, batch, draft)
+        if greedy is not None:
+            return greedy
         b, t, _ = logits.shape
         laws = self._laws(logits, batch, draft)
         failed: dict[int, VerispecError] = {}
@@ -409,6 +413,27 @@ class Engine:
             if j in bad:
                 failed[i] = bad[j]
         return accepted, rows, paths, failed
+
+    def _judge_greedy(
+        self, logits: Tensor, batch: list[Request], draft: Draft
+    ) -> tuple[list[int], list[list[int]], list[list[int]], dict[int, VerispecError]] | None:
+        """:meth:`_judge` for a chain of greedy rows with no bias or penalty under the rejection rule:
+        its verdict from the target's modes (:func:`~verispec.verify.rejection.greedy_verdict`), the
+        same as the rule gives on the one-hot laws build_laws would make, without those laws of V ids
+        per position (~1 ms a step for 5 positions of 151,936). None for anything else, and where a
+        position has no mode (a NaN, no finite logit), which the general path reports."""
+        params = [r.params for r in batch]
+        if type(self.rule) is not RejectionRule or draft.is_tree:
+            return None
+        if not all(p.greedy and not p.logit_bias and not p.uses_history for p in params):
+            return None
+        b, t, v = logits.shape
+        cut_vocab(logits, self.vocab_limit)
+        x = logits.reshape(b * t, v)
+        if not bool(torch.isfinite(x.amax(dim=1)).all()):  # (amax propagates NaN)
+            return None
+        verdict = greedy_verdict(draft, mode(x).reshape(b, t))
+        return verdict.num_accepted.tolist(), verdict.tokens(), [[] for _ in batch], {}
 
     def _verify(
         self, draft: Draft, probs: Tensor, batch: list[Request]

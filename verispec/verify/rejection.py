@@ -35,6 +35,19 @@ from verispec.verify.base import Draft, Verdict, assemble, check_inputs, gather_
 from verispec.verify.tree import walk
 
 
+def greedy_verdict(draft: Draft, modes: Tensor) -> Verdict:
+    """:meth:`RejectionRule.verify`'s verdict on a chain when every row is greedy, read off the
+    target's modes ``[B, K + 1]`` (each position's largest logit, the lowest id on ties) instead of
+    its one-hot laws: a draft token stands iff it is its position's mode, and the final token is
+    the mode where the chain stops (the engine's greedy steps: no law of V ids built per position)."""
+    ids, num = draft.token_ids, draft.num_tokens  # [B, K], [B]
+    k = ids.shape[1]
+    valid = torch.arange(k, device=ids.device).unsqueeze(0) < num.unsqueeze(1)  # [B, K]
+    num_accepted = ((ids == modes[:, :k]) & valid).to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
+    final = modes.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [B]
+    return Verdict(assemble(ids, num_accepted, final), num_accepted)
+
+
 class RejectionRule:
     """Lossless chain verification (Leviathan et al. 2023; Chen et al. 2023).
 
