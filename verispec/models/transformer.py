@@ -582,8 +582,10 @@ class Transformer(nn.Module):
 
     def can_draft_greedy(self, cache: KVCache) -> bool:
         """Whether :meth:`draft_greedy` runs here: every decoder layer in one native call, a bf16
-        cache, and RoPE by position alone (dynamic scaling looks at the whole step)."""
-        return self._native_layers is not None and self.rope.kind != "dynamic" and cache.k.dtype == torch.bfloat16
+        cache and embedding table, and RoPE by position alone (dynamic scaling looks at the whole step)."""
+        embed = self.model.embed_tokens.weight
+        native = self._native_layers is not None and self.rope.kind != "dynamic"
+        return native and cache.k.dtype == embed.dtype == torch.bfloat16 and embed.is_contiguous()
 
     def draft_greedy(
         self,
