@@ -164,6 +164,12 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def plain_greedy(self) -> bool:
+        """True when the law is the point mass on the logits' own argmax: greedy, with no logit
+        bias and no penalty to move it."""
+        return self.greedy and not self.logit_bias and not self.uses_history
+
+    @property
     def uses_history(self) -> bool:
         """True when the law depends on the tokens seen so far (any penalty is on)."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

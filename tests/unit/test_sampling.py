@@ -848,6 +848,9 @@ def test_sampling_params_accepts_boundaries_and_normalises():
     assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=1e-3).greedy
     assert not SamplingParams().uses_history
     assert SamplingParams(frequency_penalty=0.1).uses_history
+    assert SamplingParams(temperature=0).plain_greedy and not SamplingParams(temperature=0.5).plain_greedy
+    assert not SamplingParams(temperature=0, logit_bias={1: 2.0}).plain_greedy
+    assert not SamplingParams(temperature=0, repetition_penalty=1.2).plain_greedy
     assert SamplingParams(stop="END").stop == ("END",)
     assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
     bias = {1: 2.0}

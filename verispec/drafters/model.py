@@ -400,10 +400,10 @@ class ModelDrafter:
         k_max = max(max_tokens, default=0)
         ids = torch.full((n, k_max), PAD_ID, dtype=torch.long)
         rows = [b for b in range(n) if max_tokens[b] > 0]
-        # Every drafting row greedy, with no bias to apply: each draft token is the mode of its
-        # logits, a point mass, so the draft carries no laws (Draft.probs None: what the rules
-        # take for point masses) and none are built.
-        point = bool(rows) and all(batch.params[b].greedy and not batch.params[b].logit_bias for b in rows)
+        # Every drafting row greedy, with no bias or penalty to apply: each draft token is the mode
+        # of its logits, a point mass, so the draft carries no laws (Draft.probs None: what the
+        # rules take for point masses) and none are built.
+        point = bool(rows) and all(batch.params[b].plain_greedy for b in rows)
         states = [self._get(batch.request_ids[b]) for b in rows]
         for b, state in zip(rows, states, strict=True):
             if state.cached + max_tokens[b] > self.max_len:
@@ -411,7 +411,6 @@ class ModelDrafter:
             state.last_k = max_tokens[b]
             state.context_at_propose = len(state.context)
         histories = self._histories(batch, rows, states)
-        point = point and histories is None  # (penalties move the mode)
         # (each position zeroed when it is drafted: a stop may end every draft well before k_max)
         device = self.model.device
         laws = None if point else torch.empty((n, k_max, self.vocab_size), dtype=torch.float32, device=device)
@@ -509,8 +508,16 @@ class ModelDrafter:
         lead: list[Sequence[int]] = list(pieces)  # what each feeds first
         done = 0  # tokens each drafted before the native call
         if max(len(p) for p in pieces) >= PREFILL_MIN_TOKENS:
-            chain = self._first_greedy_pass(batch, rows, states, pieces, max_tokens, ids, drafted)
-            lead, done = [drafted[rows[j]][-1:] for j in chain], 1
+            chain, done = [], 1
+            for j, pick in enumerate(self._first_greedy_pass(states, pieces)):
+                if pick is None:  # no greedy token: this row drafts nothing
+                    continue
+                b, (token, confidence) = rows[j], pick
+                ids[b, 0] = token
+                drafted[b].append(token)
+                if (batch.stop is None or batch.stop.keep_drafting(b, 1, confidence)) and max_tokens[b] > 1:
+                    chain.append(j)
+            lead = [drafted[rows[j]][-1:] for j in chain]
             if not chain:
                 return
         scored, blocked = self._own_ids([states[j] for j in chain]) if self.context_ids else (False, None)
@@ -529,17 +536,10 @@ class ModelDrafter:
                 drafted[b].append(token)
 
     def _first_greedy_pass(
-        self,
-        batch: BatchView,
-        rows: Sequence[int],
-        states: Sequence[_State],
-        pieces: Sequence[Sequence[int]],
-        max_tokens: Sequence[int],
-        ids: Tensor,
-        drafted: dict[int, list[int]],
-    ) -> list[int]:
+        self, states: Sequence[_State], pieces: Sequence[Sequence[int]]
+    ) -> list[tuple[int, float] | None]:
         """:meth:`_draft_greedy`'s first pass in Python (a prompt's catch-up on the model's prefill
-        path), picked by ``ops.greedy_pick``; returns the indices of the rows that draft on."""
+        path): each row's greedy token and its confidence by ``ops.greedy_pick`` (None: none)."""
         from verispec.kernels import load
 
         h = self._hidden(states, pieces, torch.tensor([[len(p) - 1] for p in pieces]))[:, 0]  # [R, C]
@@ -551,16 +551,8 @@ class ModelDrafter:
         picked, confidence, ok = load().greedy_pick(
             self._head_module(h), self._head_ids, more, self._pool_ids if scored else None, blocked
         )
-        go_on: list[int] = []
-        for j, (token, f, good) in enumerate(zip(picked.tolist(), confidence.tolist(), ok.tolist(), strict=True)):
-            if not good:  # no greedy token: this row drafts nothing
-                continue
-            b = rows[j]
-            ids[b, 0] = token
-            drafted[b].append(token)
-            if (batch.stop is None or batch.stop.keep_drafting(b, 1, f)) and max_tokens[b] > 1:
-                go_on.append(j)
-        return go_on
+        picks = zip(picked.tolist(), confidence.tolist(), ok.tolist(), strict=True)
+        return [(token, f) if good else None for token, f, good in picks]
 
     @staticmethod
     def _without_mode(logits: Tensor) -> list[int]:

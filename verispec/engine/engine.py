@@ -422,10 +422,7 @@ class Engine:
         same as the rule gives on the one-hot laws build_laws would make, without those laws of V ids
         per position (~1 ms a step for 5 positions of 151,936). None for anything else, and where a
         position has no mode (a NaN, no finite logit), which the general path reports."""
-        params = [r.params for r in batch]
-        if type(self.rule) is not RejectionRule or draft.is_tree:
-            return None
-        if not all(p.greedy and not p.logit_bias and not p.uses_history for p in params):
+        if type(self.rule) is not RejectionRule or draft.is_tree or not all(r.params.plain_greedy for r in batch):
             return None
         b, t, v = logits.shape
         cut_vocab(logits, self.vocab_limit)

@@ -619,12 +619,11 @@ class Transformer(nn.Module):
             raise InputError("draft_greedy needs a piece and a limit >= 1 for each slot")
         if min(len(p) for p in pieces) < 1:
             raise InputError("draft_greedy needs at least one token to feed for each slot")
-        for s, piece, n in zip(host, pieces, limits, strict=True):
-            if cache.length_bound([s]) + len(piece) + n - 1 > cache.max_len:
-                more_tokens = len(piece) + n - 1
-                raise InputError(
-                    f"KV cache overflow: slot {s} cannot hold {more_tokens} more (max_len={cache.max_len})"
-                )
+        bound = [cache.length_bound([s]) for s in host]  # (the host's: they set the span, as for a pass)
+        adds = [len(piece) + n - 1 for piece, n in zip(pieces, limits, strict=True)]  # the most each appends
+        for s, held, add in zip(host, bound, adds, strict=True):
+            if held + add > cache.max_len:
+                raise InputError(f"KV cache overflow: slot {s} cannot hold {add} more (max_len={cache.max_len})")
         a, t0, d = len(host), max(len(p) for p in pieces), self.config.head_dim
         width = t0 + max(limits) - 1
         tokens = torch.zeros((a, t0), dtype=torch.int64)  # [A, T0], right-padded with 0 (as a pass pads)
@@ -634,12 +633,12 @@ class Transformer(nn.Module):
             offsets = torch.arange(width, dtype=torch.int64)  # [W]
             positions = cache.lengths.index_select(0, rows)[:, None] + offsets[None, :]  # [A, W]
             cos, sin = self.rope.cos_sin(positions, self.dtype)  # [A, W, 1, D]: a pass's values, elementwise
-            bounds = torch.tensor([cache.length_bound([s]) for s in host], dtype=torch.int64)  # [A]
             first = self.model.layers[0]
             assert isinstance(first, DecoderLayer)
+            counts = torch.tensor([len(p) for p in pieces], dtype=torch.int64)  # [A]
             drafted, fed = self._native_layers.draft_greedy(
-                tokens, torch.tensor([len(p) for p in pieces], dtype=torch.int64), rows, cache.lengths, bounds,
-                cache.k, cache.v, torch.tensor(list(limits), dtype=torch.int64), self.model.embed_tokens.weight,
+                tokens, counts, rows, cache.lengths, torch.tensor(bound, dtype=torch.int64), cache.k, cache.v,
+                torch.tensor(list(limits), dtype=torch.int64), self.model.embed_tokens.weight,
                 first.input_layernorm.weight, cos.reshape(a, width, d).contiguous(),
                 sin.reshape(a, width, d).contiguous(), head, head_ids, more, more_ids, blocked, keep,
             )  # fmt: skip

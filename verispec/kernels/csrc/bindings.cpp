@@ -118,6 +118,12 @@ Args rows_args(const RowsIO& io, int64_t n, int64_t k, const float* bias) {
 
 // io's x quantised (quantize_at) and the W8A8Args of x and y [m, n] (the weights' fields are the
 // caller's).
+// The 16-row weight blocks of an n-output int8 or Q4_K projection split among the threads, each
+// range on `kernel` (the AMX tiles' or the vectors').
+void over_row_blocks(const W8A8Args& a, int64_t n, void (*kernel)(const W8A8Args&, int64_t, int64_t)) {
+  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) { kernel(a, b, e); });
+}
+
 W8A8Args quantized_args(const RowsIO& io, int64_t n, int64_t k, bool q4k, bool interleave, const float* bias) {
   const ActivationBuffers buffers = quantize_at(io, k, activation_layout(io.m, k, q4k, interleave));
   W8A8Args a = rows_args<W8A8Args>(io, n, k, bias);
@@ -213,12 +219,7 @@ int64_t q4k_scratch_bytes(int64_t m, int64_t k, bool amx) { return activation_la
 void q4k_rows(const RowsIO& io, const uint8_t* w, int64_t n, int64_t k, const float* bias, bool amx) {
   W8A8Args a = quantized_args(io, n, k, true, !amx, bias);
   a.w = w;
-  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) {
-    if (amx)
-      q4k_linear_amx(a, b, e);
-    else
-      q4k_linear_vec(a, b, e);
-  });
+  over_row_blocks(a, n, amx ? q4k_linear_amx : q4k_linear_vec);
 }
 
 at::Tensor q4k_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
@@ -329,12 +330,7 @@ void w8a8_rows(const RowsIO& io, const uint8_t* w, const float* wscale, int64_t 
   W8A8Args a = quantized_args(io, n, k, false, !amx, bias);
   a.w = w;
   a.wscale = wscale;
-  at::parallel_for(0, row_blocks(n), 1, [&](int64_t b, int64_t e) {
-    if (amx)
-      w8a8_linear_amx(a, b, e);
-    else
-      w8a8_linear_vec(a, b, e);
-  });
+  over_row_blocks(a, n, amx ? w8a8_linear_amx : w8a8_linear_vec);
 }
 
 at::Tensor w8a8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n, int64_t k,
@@ -1073,6 +1069,14 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
   const auto* emb = bf16_pointer(embed);
   const auto* cos_p = bf16_pointer(cos);
   const auto* sin_p = bf16_pointer(sin);
+  // the heads' inputs, outputs and scratch, for the most rows a pass has (one a row)
+  int64_t scratch_bytes = 1;
+  for (int64_t m = 1; m <= a_rows; ++m) {
+    scratch_bytes = std::max(scratch_bytes, head.scratch_bytes(m, c, false));
+    if (more) scratch_bytes = std::max(scratch_bytes, more->scratch_bytes(m, c, false));
+  }
+  at::Tensor picked_rows = at::empty({a_rows, c}, bf16), scores = at::empty({a_rows, head.n}, bf16);
+  at::Tensor more_scores = at::empty({a_rows, std::max<int64_t>(e, 1)}, bf16), scratch = scratch_of(scratch_bytes);
   for (int64_t i = 0; i < most && !active.empty(); ++i) {
     const int64_t m = static_cast<int64_t>(active.size()), t = i == 0 ? t0 : 1;
     std::vector<PickResult> picks(m);
@@ -1102,15 +1106,10 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
         for (int64_t j = 0; j < span; ++j) vis[row * span + j] = wp[row] == max_len ? j == 0 : j <= wp[row];
       rms_norm_at(bf16_pointer_mut(h), nullptr, bf16_pointer(first_norm), bf16_pointer_mut(x), m * t, c, eps);
       const at::Tensor out = forward(h, x, cs, sn, kc, vc, rows, write_pos, span, visible, false);  // [m t, C]
-      at::Tensor picked_rows = at::empty({m, c}, bf16);  // each row's last token's
-      for (int64_t r = 0; r < m; ++r) {
+      for (int64_t r = 0; r < m; ++r) {  // each row's last token's
         const int64_t q = i == 0 ? count[active[r]] - 1 : 0;
         std::memcpy(bf16_pointer_mut(picked_rows) + r * c, bf16_pointer(out) + (r * t + q) * c, 2 * c);
       }
-      at::Tensor scores = at::empty({m, head.n}, bf16), more_scores = at::empty({m, std::max<int64_t>(e, 1)}, bf16);
-      int64_t scratch_bytes = head.scratch_bytes(m, c, false);
-      if (more) scratch_bytes = std::max(scratch_bytes, more->scratch_bytes(m, c, false));
-      at::Tensor scratch = at::empty({std::max<int64_t>(scratch_bytes, 1)}, at::kByte);
       head.run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(scores), scratch.data_ptr<uint8_t>(), false);
       if (more)
         more->run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(more_scores), scratch.data_ptr<uint8_t>(), false);
