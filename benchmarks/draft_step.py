@@ -53,7 +53,7 @@ class _Timed:
 
     def __init__(self, inner: Any, into: list[float]) -> None:
         self.forward = timed(inner.forward, into)
-        self.draft_greedy = inner.draft_greedy
+        self.draft = inner.draft
 
 
 def main() -> None:
@@ -66,7 +66,7 @@ def main() -> None:
         "--loop",
         choices=("native", "python", "both"),
         default="native",
-        help="greedy drafts: the native drafting loop (where it runs), Python's, or both alternating",
+        help="the native drafting loop (where it runs), Python's, or both alternating",
     )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -83,10 +83,10 @@ def main() -> None:
         raise SystemExit("the draft does not run on verispec's kernels here: nothing to split")
     model._native_layers = _Timed(model._native_layers, native)
     model.forward_with_hidden = timed(model.forward_with_hidden, forward)
-    model.draft_greedy = timed(model.draft_greedy, chain)
+    model.draft = timed(model.draft, chain)
     if drafter._head_module is not None:
         drafter._head_module.forward = timed(drafter._head_module.forward, head)
-    natively = drafter._greedy_natively
+    natively = drafter._natively
     loops = ["native", "python"] if args.loop == "both" else [args.loop]
     context = list(pipe.target.tokenizer.encode(PROMPT))
     drafter.begin("r", context)
@@ -95,7 +95,7 @@ def main() -> None:
     proposals: dict[str, list[tuple[float, ...]]] = {loop: [] for loop in loops}
     for r in range(len(loops) * (args.rounds + 1)):
         loop = loops[r % len(loops)]
-        drafter._greedy_natively = natively if loop == "native" else (lambda: False)  # type: ignore[method-assign]
+        drafter._natively = natively if loop == "native" else (lambda: False)  # type: ignore[method-assign]
         for times in (native, chain, forward, head):
             times.clear()
         start = time.perf_counter()

@@ -54,7 +54,7 @@ def engine_for(name: str) -> Pipeline:
         pipe.engine.drafter.lookup = NgramDrafter(2, 4)  # type: ignore[attr-defined]
     if name.endswith("-python-loop"):  # greedy drafts by the drafter's Python loop
         model = pipe.engine.drafter if drafter == "model" else pipe.engine.drafter.model  # type: ignore[attr-defined]
-        model._greedy_natively = lambda: False
+        model._natively = lambda: False
     return pipe
 
 

@@ -167,7 +167,7 @@ class _ConfidenceStop:
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4-all"])
 def test_greedy_drafting_in_one_native_call_equals_the_python_loop(precision: str) -> None:
     """The model drafter's greedy drafts on the kernels (a proposal in one native call:
-    ``Transformer.draft_greedy``; after a prompt long enough for the prefill path, its first pass
+    ``Transformer.draft``; after a prompt long enough for the prefill path, its first pass
     in Python) are its Python loop's: the same tokens and the same stop calls for rows of
     different lengths feeding different numbers of tokens, a row drafting nothing, ids of the
     requests' own outside the head (rows b and c), a stop ending rows by their confidence; and the
@@ -179,9 +179,9 @@ def test_greedy_drafting_in_one_native_call_equals_the_python_loop(precision: st
     runs = []
     for native in (True, False):
         d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=256, draft_head=40)
-        assert d._greedy_natively()
+        assert d._natively()
         if not native:
-            d._greedy_natively = lambda: False  # type: ignore[method-assign]
+            d._natively = lambda: False  # type: ignore[method-assign]
         contexts = {rid: list(p) for rid, p in prompts.items()}
         for rid, context in contexts.items():
             d.begin(rid, context)
@@ -212,6 +212,68 @@ def test_greedy_drafting_in_one_native_call_equals_the_python_loop(precision: st
     assert d._pool  # (the head of the requests' own ids took part)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "int4-all"])
+def test_sampled_drafting_in_one_native_call_matches_the_python_loop(precision: str) -> None:
+    """Sampled drafts on the kernels (``Transformer.draft`` with a ``DraftSampling``: the laws by
+    ``ops.sampled_pick``, one uniform of the request's generator a token) against the Python loop
+    (``build_laws`` and ``sample``) with the same seeds: the same tokens, stop calls and draft
+    cache, laws equal up to fp32 rounding (the same supports), each drafted token inside its law.
+    Rows: temperature and top-p, a greedy row beside them (its law the point mass), top-k with
+    min-p; ids of the requests' own outside the head; a first proposal after a prompt long
+    enough for the prefill path (the Python loop's) and stops by confidence."""
+    draft = model(precision, seed=1, noise=0.3)
+    prompts = {"a": PROMPTS[0], "b": [50, 61, 7, 8, 9, 70, 3], "c": (PROMPTS[3] * 15)[:PREFILL_MIN_TOKENS]}
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.2, top_k=7, min_p=0.02),
+    ]
+    lengths = [[5, 2, 7], [3, 0, 6], [6, 4, 1], [2, 6, 6]]
+    sampled_calls = []  # (whether each native call sampled)
+    real_draft = draft.draft
+    draft.draft = lambda *a, **kw: (sampled_calls.append(kw["sampling"] is not None), real_draft(*a, **kw))[1]
+    runs = []
+    for native in (True, False):
+        d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=256, draft_head=40)
+        assert d._natively()
+        if not native:
+            d._natively = lambda: False  # type: ignore[method-assign]
+        contexts = {rid: list(p) for rid, p in prompts.items()}
+        for rid, context in contexts.items():
+            d.begin(rid, context)
+        gens = [torch.Generator().manual_seed(7), None, torch.Generator().manual_seed(8)]
+        drafts, laws, calls = [], [], []
+        for step, ks in enumerate(lengths * 2):
+            stop = _ConfidenceStop(0.05)
+            out = d.propose(BatchView(list(contexts), params, gens, stop=stop), ks)
+            assert out.probs is not None
+            drafts.append((out.token_ids.tolist(), out.num_tokens.tolist()))
+            laws.append(out.probs.clone())
+            calls.append(stop.calls)
+            for row, (rid, context) in enumerate(contexts.items()):
+                kept = [*out.token_ids[row, : min(step % 3, int(out.num_tokens[row]))].tolist(), step % 40]
+                d.observe(rid, kept)
+                context.extend(kept)
+        used = int(d.cache.lengths.max())
+        runs.append((drafts, laws, calls, d.cache.k[:, :, :, :used].clone(), d.cache.v[:, :, :, :used].clone(),
+                     d.cache.lengths.clone()))  # fmt: skip
+    (drafts, laws, calls, k, v, lens), (py_drafts, py_laws, py_calls, py_k, py_v, py_lens) = runs
+    assert sampled_calls == [True] * (len(lengths) * 2 - 1)  # (every proposal but the prompt's)
+    assert drafts == py_drafts
+    assert [[(r, n) for r, n, _ in c] for c in calls] == [[(r, n) for r, n, _ in c] for c in py_calls]
+    assert max(n for c in calls for _, n, _ in c) >= 4  # (passes of the native loop took part)
+    confidence = torch.tensor([f for c in calls for _, _, f in c])
+    torch.testing.assert_close(confidence, torch.tensor([f for c in py_calls for _, _, f in c]), rtol=1e-5, atol=1e-7)
+    for (ids, num), law, py_law in zip(drafts, laws, py_laws, strict=True):
+        for row, n in enumerate(num):
+            assert torch.equal(law[row, :n] > 0, py_law[row, :n] > 0)
+            torch.testing.assert_close(law[row, :n], py_law[row, :n], rtol=1e-5, atol=1e-7)
+            drawn = law[row, :n].gather(1, torch.tensor(ids[row][:n])[:, None])
+            assert bool((drawn > 0).all())
+    assert torch.equal(lens, py_lens) and torch.equal(k, py_k) and torch.equal(v, py_v)
+    assert d._pool  # (the head of the requests' own ids took part)
+
+
 def test_greedy_drafting_in_one_call_refuses_what_the_cache_cannot_hold() -> None:
     draft = model("int8")
     cache = draft.new_cache(1, 16)
@@ -219,9 +281,9 @@ def test_greedy_drafting_in_one_call_refuses_what_the_cache_cannot_hold() -> Non
     draft(torch.tensor([PROMPTS[2]]), None, cache, slots=[slot])  # 12 of 16 positions
     d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=1, max_len=16, draft_head=40)
     with pytest.raises(InputError, match="cannot hold 5 more"):
-        draft.draft_greedy(cache, [[3, 4]], [slot], [4], d._head_native, d._head_ids)
+        draft.draft(cache, [[3, 4]], [slot], [4], d._head_native, d._head_ids)
     assert int(cache.lengths[slot]) == 12
-    drafted, appended = draft.draft_greedy(cache, [[3, 4]], [slot], [3], d._head_native, d._head_ids)
+    drafted, appended, _ = draft.draft(cache, [[3, 4]], [slot], [3], d._head_native, d._head_ids)
     assert len(drafted[0]) == 3 and appended == [4] and int(cache.lengths[slot]) == 16
 
 

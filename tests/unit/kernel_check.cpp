@@ -337,6 +337,25 @@ void greedy_pick() {
   report("greedy_pick confidence", confidence);
 }
 
+// the sampled pick: laws of rows of 301 columns (a partial vector) under temperature, top-k, top-p
+// and min-p (a -inf column, ties), and the columns uniforms draw from them
+void sampled_pick() {
+  const int64_t w = 301;
+  const SampleRule rules[4] = {
+      {0.8f, 0, 0.9, 0.0f}, {1.0f, 7, 1.0, 0.05f}, {1.3f, 0, 0.99, 0.0f}, {0.5f, 40, 0.7, 0.1f}};
+  std::vector<float> laws;
+  std::vector<int64_t> columns;
+  for (const SampleRule& rule : rules) {
+    std::vector<float> x(w), law(w);
+    for (auto& v : x) v = std::round(8.0f * normalish()) * 0.5f;  // (ties)
+    x[9] = -std::numeric_limits<float>::infinity();
+    columns.push_back(sampled_law(x.data(), w, rule, law.data()) ? draw_column(law.data(), w, uniform()) : -1);
+    laws.insert(laws.end(), law.begin(), law.end());
+  }
+  report("sampled_pick laws", laws);
+  report("sampled_pick columns", columns);
+}
+
 // head sizes 64 (loops unrolled, 2 query heads per key/value head) and 48 (loops, 6 per head)
 void attention(int64_t H, int64_t D, const char* name) {
   const int64_t B = 2, T = 3, Hkv = 2, span = 37;
@@ -392,6 +411,7 @@ int main() {
   quantize_edges();
   layer_ops();
   greedy_pick();
+  sampled_pick();
   attention(4, 64, "attention");
   attention(12, 48, "attention d48");
   std::vector<uint8_t> bytes(4096 + 24);

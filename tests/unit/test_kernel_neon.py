@@ -2,12 +2,12 @@
 
 ``kernel_check.cpp`` runs every kernel of ``csrc/vec`` (int8, Q4_K, Q6_K and bf16 projections at
 1 to 21 rows, the activation quantisation with NaN / infinities / ties, the packers, the Q4_K and
-Q6_K dequantisers, RMSNorm, RoPE, SwiGLU, attention in bf16 and fp32) on fixed inputs and prints a
-hash of each output. It is cross-compiled for AArch64 twice, with the neon tier's flags and with
-none (plain C++), run under qemu-user, and compiled for this machine as plain C++; the three must
-print the same lines, and the neon build must have taken vec.h's NEON branch. A build with
-multiply-adds fused where the kernels keep two roundings (``-ffp-contract=fast``) must differ: the
-comparison sees a one-rounding change.
+Q6_K dequantisers, RMSNorm, RoPE, SwiGLU, attention in bf16 and fp32, the greedy and sampled
+picks) on fixed inputs and prints a hash of each output. It is cross-compiled for AArch64
+twice, with the neon tier's flags and with none (plain C++), run under qemu-user, and compiled for
+this machine as plain C++; the three must print the same lines, and the neon build must have taken
+vec.h's NEON branch. A build with multiply-adds fused where the kernels keep two roundings
+(``-ffp-contract=fast``) must differ: the comparison sees a one-rounding change.
 
 Needs Debian's ``g++-aarch64-linux-gnu`` and ``qemu-user`` (CI installs them); skipped, saying so,
 without them.

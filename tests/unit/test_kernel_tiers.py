@@ -1,5 +1,5 @@
 """Every instruction-set tier of the kernels this CPU can execute computes the same bits: int8,
-Q4_K, the activation quantisation, attention, RMSNorm, RoPE, SwiGLU, the greedy pick and the Q4_K
+Q4_K, the activation quantisation, attention, RMSNorm, RoPE, SwiGLU, the greedy and sampled picks and the Q4_K
 dequantiser on all tiers; bf16 on the tiers that sum in input order (avx512, avx2vnni, avx2, portable: "chain"),
 while amx (AMX's order) and avx512bf16 (VDPBF16PS's pairs) differ from them by fp32 rounding only,
 as the amx tier's bf16 attention does (its scores on AMX tiles).
@@ -82,6 +82,10 @@ def outputs(module: Any) -> dict[str, Any]:
         out[f"attention d48 {dtype}"] = module.attention_rows(
             q.to(dtype), keys.to(dtype), values.to(dtype), visible, 0.125
         )
+    x = (3 * torch.randn(3, 301, generator=gen)).to(torch.bfloat16).float()
+    rules = torch.tensor([[0.8, 0, 0.9, 0.0], [1.0, 7, 1.0, 0.05], [1.3, 0, 0.99, 0.0]], dtype=torch.float64)
+    sampled = module.sampled_pick(x, rules, torch.rand(3, dtype=torch.float64, generator=gen))
+    out["sampled_pick"] = (sampled[0], sampled[1].view(torch.int32), sampled[2])  # (the law's bits)
     return out
 
 

@@ -23,9 +23,11 @@ from tests.kernels import (
     w8a8_quantize_reference,
     w8a8_reference,
 )
+from verispec.config import SamplingParams
 from verispec.errors import ConfigError
 from verispec.formats.dequant import dequantize
 from verispec.kernels.dispatch import TIER_NAMES
+from verispec.sampling import build_laws
 
 gq = pytest.importorskip("gguf.quants")
 
@@ -747,6 +749,70 @@ def test_the_greedy_pick_refuses_what_it_cannot_read() -> None:
         ops.greedy_pick(
             torch.zeros(2, 8), None, torch.zeros(2, 3), torch.arange(3), torch.zeros(2, 2, dtype=torch.bool)
         )
+
+
+# (temperature, top_k, top_p, min_p)
+SAMPLE_RULES = [(1.0, 0, 1.0, 0.0), (0.7, 0, 0.95, 0.0), (0.8, 20, 0.9, 0.05), (1.3, 5, 1.0, 0.0), (0.5, 0, 0.5, 0.1)]
+SAMPLE_RULES += [(1.0, 0, 0.99, 0.0), (2.0, 3, 1.0, 0.2), (1.0, 400, 0.8, 0.0)]
+
+
+@pytest.mark.parametrize("rule", SAMPLE_RULES)
+def test_the_sampled_pick_is_build_laws_law_and_draws_from_it(rule: tuple[float, int, float, float]) -> None:
+    """``sampled_pick`` applies temperature, top-k, top-p and min-p as ``build_laws`` does: the
+    same support and the same law up to fp32 rounding (rows of a few to ~33k columns, partial
+    vectors, -inf columns, ties, a row whose nucleus is one token), and the column it picks is
+    the inverse CDF of the law it returns at its uniform (the token is drawn from that law)."""
+    from verispec.kernels import load
+
+    gen = torch.Generator().manual_seed(11)
+    t, k, p, min_p = rule
+    params = [SamplingParams(temperature=t, top_k=k, top_p=p, min_p=min_p)] * 4
+    for w in (3, 17, 301, 33000):
+        x = (4 * torch.randn(4, w, generator=gen)).to(torch.bfloat16).float()
+        x[1, ::7] = float("-inf")
+        x[2] = x[2].round()  # ties
+        x[3, 0] = 40.0  # one token holds the mass
+        want = build_laws(x, params).probs
+        u = torch.rand(4, dtype=torch.float64, generator=gen)
+        column, law, ok = load().sampled_pick(x, torch.tensor([rule] * 4, dtype=torch.float64), u)
+        assert bool(ok.all())
+        assert torch.equal(law > 0, want > 0), (w, rule)
+        torch.testing.assert_close(law, want, rtol=2e-6, atol=1e-7)
+        cdf = law.double().cumsum(1)
+        assert torch.equal(column, torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0])
+
+
+def test_the_sampled_pick_has_no_law_where_build_laws_has_none() -> None:
+    """A NaN (in a whole vector or the last columns), +inf, every score -inf, or a temperature so
+    low that the largest score overflows: no law (ok False, column -1, a zero law); u just below 1
+    picks the last column of positive mass, never one of mass 0."""
+    from verispec.kernels import load
+
+    x = torch.randn(5, 40)
+    x[0, 3], x[1, 38], x[2, 7], x[3] = float("nan"), float("nan"), float("inf"), float("-inf")
+    x[4] = 1e30
+    rules = torch.tensor([[1.0, 0, 1.0, 0.0]] * 4 + [[1e-10, 0, 1.0, 0.0]], dtype=torch.float64)
+    column, law, ok = load().sampled_pick(x, rules, torch.full((5,), 0.5, dtype=torch.float64))
+    assert not bool(ok.any()) and bool((column == -1).all()) and not bool(law.any())
+    x = torch.tensor([[0.0, 1.0, float("-inf"), float("-inf")]])
+    column, _, _ = load().sampled_pick(x, torch.tensor([[1.0, 0, 1.0, 0.0]], dtype=torch.float64),
+                                        torch.tensor([1 - 2**-53], dtype=torch.float64))  # fmt: skip
+    assert column.tolist() == [1]
+
+
+def test_the_sampled_pick_refuses_what_it_cannot_read() -> None:
+    from verispec.kernels import load
+
+    ops = load()
+    x, u = torch.zeros(2, 8), torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="fp32"):
+        ops.sampled_pick(x.bfloat16(), torch.ones(2, 4, dtype=torch.float64), u)
+    with pytest.raises(RuntimeError, match=r"\[A, 4\] float64"):
+        ops.sampled_pick(x, torch.ones(2, 3, dtype=torch.float64), u)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.sampled_pick(x, torch.tensor([[1.0, 0, 1.5, 0.0]] * 2, dtype=torch.float64), u)
+    with pytest.raises(RuntimeError, match="temperature must be > 0"):
+        ops.sampled_pick(x, torch.tensor([[0.0, 0, 1.0, 0.0]] * 2, dtype=torch.float64), u)
 
 
 def test_layer_ops_split_over_threads_equal_one_thread() -> None:

@@ -410,10 +410,12 @@ class EngineCase:
     draft_head: int | None = None  # restrict the draft model's head to the first N ids
     tree: str | None = None  # the tree drafter's shape, "DEPTH,EXPAND,BRANCH[,MAX_NODES]"
     tree_children: str = "fixed"
+    draft_on_kernels: bool = False  # the model drafter's model: a bf16 one on verispec's CPU kernels
 
     def label(self) -> str:
         k = "auto" if self.k is None else str(self.k)
         head = f" head={self.draft_head}" if self.draft_head is not None else ""
+        head += " on-kernels" if self.draft_on_kernels else ""
         tree = f" tree={self.tree} {self.tree_children}" if self.tree is not None else ""
         return (
             f"engine {self.rule}/{self.drafter}{head}{tree} K={k} n={self.prefix_len} "
@@ -497,6 +499,10 @@ def certify_engine_case(
         )
     law = exact_prefix_law_lm(tiny_pair(vocab_size, seed=model_seed)[0], case.params, prompt, case.prefix_len)
     target, draft = tiny_pair(vocab_size, seed=model_seed, device=device)
+    if case.draft_on_kernels:
+        from verispec.certify.tiny import kernel_draft
+
+        draft = kernel_draft(vocab_size, seed=model_seed)
     batch = min(num_sequences, 1024)
     # Generate far enough that the first speculative step (after the prefill's token) is not cut
     # short by max_tokens: it drafts its full length (a chain's K, a tree's every node), and its

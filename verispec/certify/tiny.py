@@ -55,3 +55,16 @@ def tiny_pair(
         Transformer(config, target_sd, dtype=dtype, device=device),
         Transformer(config, draft_sd, dtype=dtype, device=device),
     )
+
+
+def kernel_draft(vocab: int = 8, seed: int = 0) -> Transformer:
+    """A random bf16 draft on verispec's CPU kernels (the shapes they take: inputs multiples of 32,
+    head size 32), over the tiny vocabulary: certification of drafting on the kernels
+    (:meth:`~verispec.models.transformer.Transformer.draft`). Any model may draft; the target's
+    law is what is certified."""
+    config = ModelConfig(
+        architecture="qwen2", vocab_size=vocab, hidden_size=128, intermediate_size=256, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-6, max_position=512,
+        tie_word_embeddings=False, attention_bias=True, name=f"tiny-kernels-{vocab}",
+    )  # fmt: skip
+    return Transformer(config, random_state_dict(config, seed=seed, std=0.08), dtype=torch.bfloat16, cpu_kernels=True)

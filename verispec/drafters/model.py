@@ -22,12 +22,16 @@ that many, one request a pass, as the engine feeds the target a prompt: a pass's
 masks grow with the square of its width, so one pass over a 32k-token prompt would build
 gigabytes of them.
 
-Greedy drafting on verispec's kernels (every drafting row greedy, with no bias or penalty, and a
-restricted head on the kernels: the machine defaults) runs a whole proposal in one native call
-(:meth:`~verispec.models.transformer.Transformer.draft_greedy`): the same passes and the same
-tokens as the loop below, picked by ``ops.greedy_pick`` (the mode, ties to the smallest id),
-without the ~0.8 ms of Python and torch calls each pass costs around its kernels
-(``benchmarks/draft_step.py --loop both``).
+Drafting on verispec's kernels (no drafting row with a bias or penalty, a restricted head on the
+kernels: the machine defaults) runs a whole proposal in one native call
+(:meth:`~verispec.models.transformer.Transformer.draft`), without the ~0.8 ms of Python and torch
+calls each pass costs around its kernels (``benchmarks/draft_step.py --loop both``). Greedy: the
+same passes and the same tokens as the loop below, picked by ``ops.greedy_pick`` (the mode, ties
+to the smallest id). Sampled: the same passes; each law by :func:`~verispec.sampling.build_laws`'s
+steps in the kernels' arithmetic (``ops.sampled_pick``: fp32 rounding apart, the loop's law), the
+token drawn from that law with the request's generator, one uniform a token as
+:func:`~verispec.sampling.sample` draws, and that law reported: the rule needs the law each token
+was drawn from, and this is it.
 
 Rows that draft nothing this step are not run and consume no randomness. A row whose draft law
 cannot be built (NaN draft logits, every token banned) stops drafting at that position; the
@@ -69,7 +73,7 @@ from verispec.drafters.base import BatchView
 from verispec.errors import ConfigError, InputError
 from verispec.kernels.linear import native_projection
 from verispec.models.protocol import LanguageModel
-from verispec.models.transformer import PREFILL_MIN_TOKENS
+from verispec.models.transformer import PREFILL_MIN_TOKENS, DraftSampling
 from verispec.sampling import TokenHistory, build_laws, cut_vocab, mode, sample
 from verispec.verify.base import PAD_ID, Draft
 
@@ -424,8 +428,8 @@ class ModelDrafter:
         self.last_catchup_tokens = max((len(s.context) - s.fed for s in states), default=0)
         self._feed_ahead(states)
         pieces = [s.context[s.fed :] for s in states]
-        if point and narrow and rows and self._greedy_natively():
-            self._draft_greedy(batch, rows, states, pieces, max_tokens, ids, drafted)
+        if narrow and rows and self._natively() and (point or self._samples_natively(batch, rows, pieces)):
+            self._draft_natively(batch, rows, states, pieces, max_tokens, ids, drafted, laws)
             active = []  # (drafted)
         for i in range(k_max):
             if not active:
@@ -479,13 +483,21 @@ class ModelDrafter:
         width = int(num.max()) if n else 0  # the longest draft (positions past it were never drafted)
         return Draft(ids[:, :width], num, None if laws is None else laws[:, :width])
 
-    def _greedy_natively(self) -> bool:
-        """Whether greedy drafting runs on the kernels (:meth:`_draft_greedy`): the restricted head
-        (and the context ids' head) as the kernels' projections, the model's layers in one call."""
-        can = getattr(self.model, "can_draft_greedy", None)
+    def _natively(self) -> bool:
+        """Whether drafting runs on the kernels (:meth:`_draft_natively`): the restricted head (and
+        the context ids' head) as the kernels' projections, the model's layers in one call."""
+        can = getattr(self.model, "can_draft", None)
         return self._head_native is not None and can is not None and bool(can(self.cache))
 
-    def _draft_greedy(
+    @staticmethod
+    def _samples_natively(batch: BatchView, rows: Sequence[int], pieces: Sequence[Sequence[int]]) -> bool:
+        """Whether a proposal with sampled rows (no bias or penalty: the narrow laws) drafts on the
+        kernels: every sampled row has its generator, and no catch-up is long enough for the
+        model's prefill path (a prompt's first proposal keeps the Python loop)."""
+        every_row_draws = all(batch.params[b].greedy or batch.generators[b] is not None for b in rows)
+        return every_row_draws and max(len(p) for p in pieces) < PREFILL_MIN_TOKENS
+
+    def _draft_natively(
         self,
         batch: BatchView,
         rows: Sequence[int],
@@ -494,20 +506,26 @@ class ModelDrafter:
         max_tokens: Sequence[int],
         ids: Tensor,
         drafted: dict[int, list[int]],
+        laws: Tensor | None,
     ) -> None:
-        """Greedy drafting on the kernels, every drafting row greedy with no bias or penalty: the
-        whole proposal in one native call
-        (:meth:`~verispec.models.transformer.Transformer.draft_greedy`), its first pass feeding
-        each request's pending tokens (1-2 in steady state; a prompt's catch-up long enough for
-        the model's prefill path runs in Python first, :meth:`_first_greedy_pass`). The same
-        passes and tokens as :meth:`propose`'s loop (the mode of the scores on the head's ids and
-        the request's own, ties to the smallest id; a row with none stops); the stop reads each
-        token's probability at temperature 1 from the same pick (``ops.greedy_pick``). Fills
-        ``ids`` ``[n, K]`` and ``drafted``; the states' ``fed`` counts follow."""
+        """Drafting on the kernels, no row with a bias or penalty: the whole proposal in one native
+        call (:meth:`~verispec.models.transformer.Transformer.draft`), its first pass feeding each
+        request's pending tokens (1-2 in steady state; a greedy prompt's catch-up long enough for
+        the model's prefill path runs in Python first, :meth:`_first_greedy_pass`).
+
+        Greedy (``laws`` None): the same passes and tokens as :meth:`propose`'s loop (the mode of
+        the scores on the head's ids and the request's own, ties to the smallest id; a row with
+        none stops); the stop reads each token's probability at temperature 1 from the same pick
+        (``ops.greedy_pick``). Sampled: the same passes; each row's law on those ids by the steps
+        of :func:`~verispec.sampling.build_laws` in the kernels' arithmetic (``ops.sampled_pick``:
+        fp32 rounding apart, the loop's law; a greedy row's: the point mass at its mode), the token
+        drawn from it with one uniform of the request's generator a token (as
+        :func:`~verispec.sampling.sample` draws), the law reported in ``laws`` ``[n, K, V]``.
+        Fills ``ids`` ``[n, K]`` and ``drafted``; the states' ``fed`` counts follow."""
         chain: list[int] = list(range(len(states)))  # indices into rows / states, drafting natively
         lead: list[Sequence[int]] = list(pieces)  # what each feeds first
         done = 0  # tokens each drafted before the native call
-        if max(len(p) for p in pieces) >= PREFILL_MIN_TOKENS:
+        if laws is None and max(len(p) for p in pieces) >= PREFILL_MIN_TOKENS:
             chain, done = [], 1
             for j, pick in enumerate(self._first_greedy_pass(states, pieces)):
                 if pick is None:  # no greedy token: this row drafts nothing
@@ -523,10 +541,20 @@ class ModelDrafter:
         scored, blocked = self._own_ids([states[j] for j in chain]) if self.context_ids else (False, None)
         stop = batch.stop
         keep = None if stop is None else (lambda a, i, f: stop.keep_drafting(rows[chain[a]], done + i + 1, f))
-        tokens, appended = self.model.draft_greedy(  # type: ignore[attr-defined]
+        sampling = None
+        if laws is not None:
+            params = [batch.params[rows[j]] for j in chain]
+            rules = [[0.0, 0, 1.0, 0.0] if p.greedy else [p.temperature, p.top_k, p.top_p, p.min_p] for p in params]
+            gens = [batch.generators[rows[j]] for j in chain]
+            sampling = DraftSampling(
+                torch.tensor(rules, dtype=torch.float64),
+                self._merge_order if scored else None,
+                lambda i, which: [torch.rand(1, dtype=torch.float64, generator=gens[a]).item() for a in which],
+            )
+        tokens, appended, drawn = self.model.draft(  # type: ignore[attr-defined]
             self.cache, lead, [states[j].slot for j in chain], [max_tokens[rows[j]] - done for j in chain],
             self._head_native, self._head_ids, more=self._pool_native if scored else None,
-            more_ids=self._pool_ids if scored else None, blocked=blocked, keep=keep,
+            more_ids=self._pool_ids if scored else None, blocked=blocked, keep=keep, sampling=sampling,
         )  # fmt: skip
         for j, row_tokens, fed in zip(chain, tokens, appended, strict=True):
             states[j].fed += fed
@@ -534,11 +562,17 @@ class ModelDrafter:
             for t, token in enumerate(row_tokens, start=done):
                 ids[b, t] = token
                 drafted[b].append(token)
+        if laws is not None and drawn is not None:  # [A, L, W] in merged column order -> [n, K, V]
+            columns = self._merged_ids if scored else self._head_ids
+            assert columns is not None
+            laws[:, : drawn.shape[1]].zero_()
+            for a, j in enumerate(chain):
+                laws[rows[j], : drawn.shape[1]].index_copy_(1, columns, drawn[a])
 
     def _first_greedy_pass(
         self, states: Sequence[_State], pieces: Sequence[Sequence[int]]
     ) -> list[tuple[int, float] | None]:
-        """:meth:`_draft_greedy`'s first pass in Python (a prompt's catch-up on the model's prefill
+        """:meth:`_draft_natively`'s first greedy pass in Python (a prompt's catch-up on the model's prefill
         path): each row's greedy token and its confidence by ``ops.greedy_pick`` (None: none)."""
         from verispec.kernels import load
 

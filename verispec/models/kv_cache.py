@@ -285,7 +285,7 @@ class KVCache:
 
     def advance(self, slots: Sequence[int], counts: Sequence[int]) -> None:
         """``lengths[slots[i]] += counts[i]``: the tokens a native loop wrote at the ends of those
-        slots, each at its length (:meth:`~verispec.models.transformer.Transformer.draft_greedy`);
+        slots, each at its length (:meth:`~verispec.models.transformer.Transformer.draft`);
         the host bounds follow. ``step_start`` stays where the last :meth:`begin_step` put it."""
         host, rows = self.resolve_slots(slots, len(slots))
         added = [int(n) for n in counts]

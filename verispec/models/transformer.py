@@ -580,14 +580,14 @@ class Transformer(nn.Module):
             logits = scores.to(torch.float32)  # [B, N, V] fp32
         return ForwardOutput(logits=logits, hidden=h)
 
-    def can_draft_greedy(self, cache: KVCache) -> bool:
-        """Whether :meth:`draft_greedy` runs here: every decoder layer in one native call, a bf16
+    def can_draft(self, cache: KVCache) -> bool:
+        """Whether :meth:`draft` runs here: every decoder layer in one native call, a bf16
         cache and embedding table, and RoPE by position alone (dynamic scaling looks at the whole step)."""
         embed = self.model.embed_tokens.weight
         native = self._native_layers is not None and self.rope.kind != "dynamic"
         return native and cache.k.dtype == embed.dtype == torch.bfloat16 and embed.is_contiguous()
 
-    def draft_greedy(
+    def draft(
         self,
         cache: KVCache,
         pieces: Sequence[Sequence[int]],
@@ -600,25 +600,31 @@ class Transformer(nn.Module):
         more_ids: Tensor | None = None,
         blocked: Tensor | None = None,
         keep: Callable[[int, int, float], bool] | None = None,
-    ) -> tuple[list[list[int]], list[int]]:
-        """Greedy drafting in one native call (``Layers.draft_greedy``, ``csrc/bindings.cpp``;
-        :meth:`can_draft_greedy` says whether it runs). Row ``a`` appends ``pieces[a]`` (one or a
-        few tokens) to cache slot ``slots[a]`` (a chain: at its length), drafts the id of the
-        largest score of the heads after its last token and appends that one, and so on, until it
-        has drafted ``limits[a]`` tokens, finds no greedy token (a NaN or no finite score), or
-        ``keep(a, i, confidence)`` (its token of pass ``i`` and that token's probability at
-        temperature 1) returns False. The heads are the kernels' projections
+        sampling: DraftSampling | None = None,
+    ) -> tuple[list[list[int]], list[int], Tensor | None]:
+        """Drafting in one native call (``Layers.draft``, ``csrc/bindings.cpp``; :meth:`can_draft`
+        says whether it runs). Row ``a`` appends ``pieces[a]`` (one or a few tokens) to cache slot
+        ``slots[a]`` (a chain: at its length), drafts a token from the heads' scores after its last
+        token and appends that one, and so on, until it has drafted ``limits[a]`` tokens, has no
+        token to draft (a NaN or no finite score), or ``keep(a, i, confidence)`` (its token of pass
+        ``i`` and that token's confidence) returns False. The heads are the kernels' projections
         (:func:`~verispec.kernels.linear.native_projection`) of the final norm's output: ``head``
         scoring ``head_ids`` ``[H]``, ``more`` (or None) ``more_ids`` ``[E]`` with row ``a``'s
-        ``blocked[a]`` ``[E]`` at -inf; ties go to the smallest id (the ids ascend within each).
-        Each pass is the one :meth:`forward_with_hidden` runs for these pieces (right-padded) and
-        each pick is ``ops.greedy_pick`` on its scores, bit for bit. Returns each row's drafted
-        tokens and how many tokens it appended (its cache length grew by that many)."""
+        ``blocked[a]`` ``[E]`` at -inf (the ids ascend within each). Each pass is the one
+        :meth:`forward_with_hidden` runs for these pieces (right-padded).
+
+        Greedy (``sampling`` None): each token is ``ops.greedy_pick`` on the scores, bit for bit
+        (ties to the smallest id), its confidence its probability at temperature 1. Sampled: each
+        row's law on the merged ids (:class:`DraftSampling`: ``ops.sampled_pick``'s steps, or the
+        point mass of a greedy row), the token drawn from it with a uniform from ``sampling.draw``;
+        its confidence is its probability there. Returns each row's drafted tokens, how many
+        tokens it appended (its cache length grew by that many), and the laws ``[A, L, H + E]``
+        fp32 in merged column order (``L`` the largest limit; None when greedy)."""
         host, rows = cache.resolve_slots(slots, len(slots))
         if len(pieces) != len(host) or len(limits) != len(host) or min(limits, default=0) < 1:
-            raise InputError("draft_greedy needs a piece and a limit >= 1 for each slot")
+            raise InputError("draft needs a piece and a limit >= 1 for each slot")
         if min(len(p) for p in pieces) < 1:
-            raise InputError("draft_greedy needs at least one token to feed for each slot")
+            raise InputError("draft needs at least one token to feed for each slot")
         bound = [cache.length_bound([s]) for s in host]  # (the host's: they set the span, as for a pass)
         adds = [len(piece) + n - 1 for piece, n in zip(pieces, limits, strict=True)]  # the most each appends
         for s, held, add in zip(host, bound, adds, strict=True):
@@ -636,15 +642,35 @@ class Transformer(nn.Module):
             first = self.model.layers[0]
             assert isinstance(first, DecoderLayer)
             counts = torch.tensor([len(p) for p in pieces], dtype=torch.int64)  # [A]
-            drafted, fed = self._native_layers.draft_greedy(
+            rules = merge = draw = None
+            if sampling is not None:
+                rules, merge, draw = sampling.rules, sampling.merge, sampling.draw
+            drafted, fed, laws = self._native_layers.draft(
                 tokens, counts, rows, cache.lengths, torch.tensor(bound, dtype=torch.int64), cache.k, cache.v,
                 torch.tensor(list(limits), dtype=torch.int64), self.model.embed_tokens.weight,
                 first.input_layernorm.weight, cos.reshape(a, width, d).contiguous(),
                 sin.reshape(a, width, d).contiguous(), head, head_ids, more, more_ids, blocked, keep,
+                rules, merge, draw,
             )  # fmt: skip
         appended = [int(n) for n in fed.tolist()]
         cache.advance(host, appended)
-        return [[t for t in row if t >= 0] for row in drafted.tolist()], appended
+        return [[t for t in row if t >= 0] for row in drafted.tolist()], appended, laws if sampling else None
+
+
+@dataclass(frozen=True)
+class DraftSampling:
+    """How :meth:`Transformer.draft` draws each row's tokens when they are sampled.
+
+    ``rules`` ``[A, 4]`` float64: each row's temperature (0: greedy, its law the point mass at
+    its greedy token), top_k, top_p and min_p, as :func:`~verispec.sampling.build_laws` applies
+    them (no penalty or logit bias); ``merge`` ``[H + E]`` int64 (None without a second head):
+    the column of ``cat(head scores, more scores)`` each merged column (ascending ids) takes;
+    ``draw(i, rows)``: one uniform in [0, 1) for each row of ``rows`` (pass ``i``'s sampled rows
+    that have a law, in order), drawn as :func:`~verispec.sampling.sample` draws it."""
+
+    rules: Tensor  # [A, 4] float64
+    merge: Tensor | None  # [H + E] int64
+    draw: Callable[[int, list[int]], Sequence[float]]
 
 
 def _visibility(plan: StepPlan, t: int, window: Tensor | None) -> Tensor:

@@ -918,17 +918,14 @@ struct Layers {
     return out;
   }
 
-  // The greedy drafting loop (defined below the greedy pick).
-  std::tuple<at::Tensor, at::Tensor> draft_greedy(const at::Tensor& tokens, const at::Tensor& counts,
-                                                  const at::Tensor& slots, const at::Tensor& lengths,
-                                                  const at::Tensor& bounds, at::Tensor& kc, at::Tensor& vc,
-                                                  const at::Tensor& limits, const at::Tensor& embed,
-                                                  const at::Tensor& first_norm, const at::Tensor& cos,
-                                                  const at::Tensor& sin, const Projection& head,
-                                                  const at::Tensor& head_ids, const Projection* more,
-                                                  const c10::optional<at::Tensor>& more_ids,
-                                                  const c10::optional<at::Tensor>& blocked,
-                                                  const py::object& keep) const;
+  // The drafting loop (defined below the picks).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> draft(
+      const at::Tensor& tokens, const at::Tensor& counts, const at::Tensor& slots, const at::Tensor& lengths,
+      const at::Tensor& bounds, at::Tensor& kc, at::Tensor& vc, const at::Tensor& limits, const at::Tensor& embed,
+      const at::Tensor& first_norm, const at::Tensor& cos, const at::Tensor& sin, const Projection& head,
+      const at::Tensor& head_ids, const Projection* more, const c10::optional<at::Tensor>& more_ids,
+      const c10::optional<at::Tensor>& blocked, const py::object& keep, const c10::optional<at::Tensor>& rules,
+      const c10::optional<at::Tensor>& merge, const py::object& draw) const;
 };
 
 // ------------------------------------------------------------------------------------ greedy pick
@@ -984,19 +981,70 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> greedy_pick(const at::Tensor& sco
   return {id, conf, ok};
 }
 
-// ------------------------------------------------------------------------------------ greedy drafting
+// rules [A, 4] float64 (temperature, top_k, top_p, min_p: a row's SamplingParams as
+// verispec.sampling.build_laws reads them; temperature 0: greedy) -> the rule of each row.
+std::vector<SampleRule> sample_rules(const at::Tensor& rules, int64_t a_rows) {
+  TORCH_CHECK(rules.scalar_type() == at::kDouble && rules.is_contiguous() && rules.dim() == 2 &&
+                  rules.size(0) == a_rows && rules.size(1) == 4,
+              "the sampling rules must be contiguous [A, 4] float64 (temperature, top_k, top_p, min_p)");
+  std::vector<SampleRule> out(a_rows);
+  const double* r = rules.data_ptr<double>();
+  for (int64_t a = 0; a < a_rows; ++a) {
+    const double* v = r + 4 * a;
+    TORCH_CHECK(v[0] >= 0.0 && v[1] >= 0.0 && v[2] > 0.0 && v[2] <= 1.0 && v[3] >= 0.0 && v[3] <= 1.0,
+                "row ", a, "'s sampling rule is out of range (temperature >= 0, top_k >= 0, top_p in (0, 1], ",
+                "min_p in [0, 1])");
+    out[a] = SampleRule{static_cast<float>(v[0]), static_cast<int64_t>(v[1]), v[2], static_cast<float>(v[3])};
+  }
+  return out;
+}
 
-// The greedy drafting loop of verispec.drafters.model: one call for a whole greedy proposal. Pass
+// scores [A, W] fp32 (ascending ids), rules [A, 4] float64 (sample_rules, temperature > 0),
+// u [A] float64 in [0, 1) -> (column [A] int64, law [A, W] fp32, ok [A] bool): vec/pick.cpp's
+// law of each row (the steps of verispec.sampling.build_laws) and the column its uniform picks
+// (-1 and a zero law where the row has none).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sampled_pick(const at::Tensor& scores, const at::Tensor& rules,
+                                                            const at::Tensor& u) {
+  TORCH_CHECK(scores.device().is_cpu() && scores.dim() == 2 && scores.scalar_type() == at::kFloat,
+              "scores must be [A, W] fp32 CPU scores");
+  const int64_t a = scores.size(0), w = scores.size(1);
+  const std::vector<SampleRule> rule = sample_rules(rules, a);
+  TORCH_CHECK(u.scalar_type() == at::kDouble && u.is_contiguous() && u.numel() == a, "u must be [A] float64");
+  at::Tensor x = scores.contiguous().clone(), law = at::zeros({a, w}, at::kFloat);
+  at::Tensor col = at::full({a}, -1, at::kLong), ok = at::zeros({a}, at::kBool);
+  for (int64_t r = 0; r < a; ++r) {
+    TORCH_CHECK(rule[r].temperature > 0.0f, "sampled_pick samples: a row's temperature must be > 0");
+    float* lr = law.data_ptr<float>() + r * w;
+    if (!sampled_law(x.data_ptr<float>() + r * w, w, rule[r], lr)) {
+      std::fill(lr, lr + w, 0.0f);
+      continue;
+    }
+    col.data_ptr<int64_t>()[r] = draw_column(lr, w, u.data_ptr<double>()[r]);
+    ok.data_ptr<bool>()[r] = true;
+  }
+  return {col, law, ok};
+}
+
+// ------------------------------------------------------------------------------------ drafting
+
+// The drafting loop of verispec.drafters.model: one call for a whole proposal. Pass
 // 0 appends each row's pending tokens (tokens[a, :counts[a]]: the last committed one, and the last
 // draft token when the target accepted the whole draft; the rows right-padded as KVCache pads
 // them: padding keys to the scratch column, padding queries seeing position 0), every later pass
 // the row's token of the pass before. Per pass: the embedding, the first layer's input norm,
 // every layer (forward), at each row's last token the restricted head (and the head of the
-// request's own ids, `more`), its greedy token and confidence (pick_greedy), then
-// `keep(a, i, confidence)` (None: always) says whether row a drafts on after its token of pass i.
-// The same operations in the same order as the drafter's Python loop with the model's forward,
-// the heads and ops.greedy_pick, bit for bit; what it saves is their ~0.8 ms of Python and torch
-// calls a pass.
+// request's own ids, `more`), its token and confidence, then `keep(a, i, confidence)` (None:
+// always) says whether row a drafts on after its token of pass i.
+// Greedy (rules None): the token is the greedy pick of the heads' scores (pick_greedy); the same
+// operations in the same order as the drafter's Python loop with the model's forward, the heads
+// and ops.greedy_pick, bit for bit; what it saves is their ~0.8 ms of Python and torch calls a pass.
+// Sampled (rules [A, 4] float64, sample_rules; temperature 0: a greedy row): the heads' scores
+// in ascending id order (merge [H + E]: the column of cat(head, more) each merged column takes;
+// None: the head's alone) make the row's law (sampled_law; a greedy row's: the point mass at its
+// greedy pick of the merged row, whose probability at temperature 1 is its confidence), then
+// `draw(i, rows)` gives one uniform in [0, 1) per row of `rows` (the sampled rows of pass i with
+// a law, in order: drawn from each request's generator as verispec.sampling.sample draws), and
+// draw_column picks the token; its confidence is its probability under the law.
 //   tokens [A, T0] int64, counts [A] in [1, T0]; slots [A]: the rows' cache rows; lengths: the
 //   cache's lengths (read: the caller advances them by the result's fed); bounds [A]: the host's
 //   bounds of those lengths (KVCache: they set the attention's span as a Python pass has it);
@@ -1004,13 +1052,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> greedy_pick(const at::Tensor& sco
 //   cos, sin [A, W, D] bf16: RoPE at row a's positions lengths + w, W >= T0 + the largest limit
 //   - 1; head over head_ids [H]; more (or None) over more_ids [E], blocked [A, E] bool (or None).
 // -> (drafted [A, L] int64, L the largest limit: the token of pass i, -1 where the row drafted
-// none; fed [A] int64: the tokens each row appended to its cache).
-std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
+// none; fed [A] int64: the tokens each row appended to its cache; laws [A, L, W] fp32, W = H + E,
+// in merged column order: the law each token was drawn from (zero where none; [0] when greedy)).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> Layers::draft(
     const at::Tensor& tokens, const at::Tensor& counts, const at::Tensor& slots, const at::Tensor& lengths,
     const at::Tensor& bounds, at::Tensor& kc, at::Tensor& vc, const at::Tensor& limits, const at::Tensor& embed,
     const at::Tensor& first_norm, const at::Tensor& cos, const at::Tensor& sin, const Projection& head,
     const at::Tensor& head_ids, const Projection* more, const c10::optional<at::Tensor>& more_ids,
-    const c10::optional<at::Tensor>& blocked, const py::object& keep) const {
+    const c10::optional<at::Tensor>& blocked, const py::object& keep, const c10::optional<at::Tensor>& rules,
+    const c10::optional<at::Tensor>& merge, const py::object& draw) const {
   const int64_t c = hidden, d = head_dim;
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) >= 1 && tokens.size(1) >= 1, "tokens must be [A, T0], A, T0 >= 1");
   const int64_t a_rows = tokens.size(0), t0 = tokens.size(1);
@@ -1041,6 +1091,21 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
                              blocked->numel() == a_rows * e),
                 "blocked must be [A, E] bool");
   }
+  const bool sampled = rules.has_value();
+  const int64_t wide = head.n + e;  // the merged columns
+  std::vector<SampleRule> rule;
+  if (sampled) {
+    rule = sample_rules(*rules, a_rows);
+    TORCH_CHECK(!draw.is_none(), "sampled drafting needs draw(i, rows) -> uniforms");
+    if (merge) {
+      TORCH_CHECK(merge->scalar_type() == at::kLong && merge->is_contiguous() && merge->numel() == wide, "merge must "
+                  "be [H + E] int64");
+      const int64_t* mo = merge->data_ptr<int64_t>();
+      for (int64_t j = 0; j < wide; ++j) TORCH_CHECK(mo[j] >= 0 && mo[j] < wide, "merge names a column out of range");
+    } else {
+      TORCH_CHECK(!more, "sampled drafting with a second head needs the merged order");
+    }
+  }
   const int64_t* tok = tokens.data_ptr<int64_t>();
   const int64_t* count = counts.data_ptr<int64_t>();
   const int64_t* slot = slots.data_ptr<int64_t>();
@@ -1062,6 +1127,14 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
   }
   const at::TensorOptions bf16 = embed.options(), longs = tokens.options();
   at::Tensor drafted = at::full({a_rows, most}, -1, longs), fed = at::zeros({a_rows}, longs);
+  at::Tensor laws = sampled ? at::zeros({a_rows, most, wide}, at::kFloat) : at::empty({0}, at::kFloat);
+  at::Tensor merged = at::empty({sampled ? a_rows : 0, wide}, at::kFloat);  // a pass's rows, merged
+  // the id of merged column j
+  const int64_t* merge_of = merge ? merge->data_ptr<int64_t>() : nullptr;
+  const auto id_of = [&](int64_t j) {
+    const int64_t src = merge_of ? merge_of[j] : j;
+    return src < head.n ? head_ids.data_ptr<int64_t>()[src] : more_ids->data_ptr<int64_t>()[src - head.n];
+  };
   int64_t* out_ids = drafted.data_ptr<int64_t>();
   int64_t* out_fed = fed.data_ptr<int64_t>();
   std::vector<int64_t> active(a_rows), last(a_rows);
@@ -1077,6 +1150,56 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
   }
   at::Tensor picked_rows = at::empty({a_rows, c}, bf16), scores = at::empty({a_rows, head.n}, bf16);
   at::Tensor more_scores = at::empty({a_rows, std::max<int64_t>(e, 1)}, bf16), scratch = scratch_of(scratch_bytes);
+  // Sampled: row r (request a) of pass i's merged scores -> its law (laws[a, i]); a greedy row's
+  // pick (id: the merged column) and its point mass; a sampled row's ok (its column comes later).
+  const auto law_of_row = [&](int64_t r, int64_t a, int64_t i) -> PickResult {
+    float* x = merged.data_ptr<float>() + r * wide;
+    const uint16_t* hs = bf16_pointer(scores) + r * head.n;
+    const uint16_t* ms = bf16_pointer(more_scores) + r * e;
+    const bool* no = more && blocked ? blocked->data_ptr<bool>() + a * e : nullptr;
+    for (int64_t j = 0; j < wide; ++j) {  // (bf16 -> fp32: the bits in the high half)
+      const int64_t src = merge_of ? merge_of[j] : j, o = src - head.n;
+      const uint32_t bits = static_cast<uint32_t>(src < head.n ? hs[src] : ms[o]) << 16;
+      std::memcpy(x + j, &bits, 4);
+      if (o >= 0 && no && no[o]) x[j] = -std::numeric_limits<float>::infinity();
+    }
+    float* law = laws.data_ptr<float>() + (a * most + i) * wide;
+    if (rule[a].temperature == 0.0f) {
+      const PickSegment row{x, false, wide, nullptr, nullptr};
+      PickResult p = pick_greedy(&row, 1);
+      if (p.ok) law[p.id] = 1.0f;
+      return p;
+    }
+    return PickResult{-1, 0.0f, sampled_law(x, wide, rule[a], law)};
+  };
+  // Sampled: the uniforms of pass i's sampled rows with a law (one Python call), their columns;
+  // then every pick's id from its column.
+  const auto draw_tokens = [&](int64_t i, std::vector<PickResult>& picks) {
+    py::list rows;
+    for (size_t r = 0; r < picks.size(); ++r)
+      if (picks[r].ok && rule[active[r]].temperature != 0.0f) rows.append(active[r]);
+    std::vector<double> u;
+    if (py::len(rows) > 0) {
+      const py::sequence got = draw(i, rows);
+      TORCH_CHECK(py::len(got) == py::len(rows), "draw must give one uniform a row");
+      for (const py::handle v : got) {
+        u.push_back(v.cast<double>());
+        TORCH_CHECK(u.back() >= 0.0 && u.back() < 1.0, "draw must give uniforms in [0, 1)");
+      }
+    }
+    size_t next_u = 0;
+    for (size_t r = 0; r < picks.size(); ++r) {
+      PickResult& p = picks[r];
+      if (!p.ok) continue;
+      const int64_t a = active[r];
+      if (rule[a].temperature != 0.0f) {
+        const float* law = laws.data_ptr<float>() + (a * most + i) * wide;
+        p.id = draw_column(law, wide, u[next_u++]);
+        p.confidence = law[p.id];
+      }
+      p.id = id_of(p.id);
+    }
+  };
   for (int64_t i = 0; i < most && !active.empty(); ++i) {
     const int64_t m = static_cast<int64_t>(active.size()), t = i == 0 ? t0 : 1;
     std::vector<PickResult> picks(m);
@@ -1116,6 +1239,10 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
       for (int64_t r = 0; r < m; ++r) {
         const int64_t a = active[r];
         out_fed[a] += i == 0 ? count[a] : 1;
+        if (sampled) {
+          picks[r] = law_of_row(r, a, i);
+          continue;
+        }
         const PickSegment parts[2] = {
             PickSegment{bf16_pointer(scores) + r * head.n, true, head.n, head_ids.data_ptr<int64_t>(), nullptr},
             PickSegment{more ? bf16_pointer(more_scores) + r * e : nullptr, true, e,
@@ -1124,6 +1251,7 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
         picks[r] = pick_greedy(parts, more ? 2 : 1);
       }
     }
+    if (sampled) draw_tokens(i, picks);
     std::vector<int64_t> next;
     for (int64_t r = 0; r < m; ++r) {
       const int64_t a = active[r];
@@ -1136,7 +1264,7 @@ std::tuple<at::Tensor, at::Tensor> Layers::draft_greedy(
     }
     active.swap(next);
   }
-  return {drafted, fed};
+  return {drafted, fed, laws};
 }
 
 // ------------------------------------------------------------------------------------ bandwidth
@@ -1213,6 +1341,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
   m.def("rotary", &verispec::rotary, "x [M, heads * d] bf16, cos/sin [M, d] -> rotate-half RoPE [M, heads, d]");
   m.def("silu_mul", &verispec::silu_mul, "gate, up [M, F] bf16 -> silu(gate) * up [M, F]");
+  m.def("sampled_pick", &verispec::sampled_pick,
+        "scores [A, W] fp32 (ascending ids), rules [A, 4] float64 (temperature > 0, top_k, top_p, min_p), u [A] "
+        "float64 -> (column [A], law [A, W], ok [A]): each row's sampled law and the column its uniform draws",
+        py::arg("scores"), py::arg("rules"), py::arg("u"));
   m.def("greedy_pick", &verispec::greedy_pick,
         "scores [A, W] (ids [W] or None), more [A, E] or None, more_ids [E], blocked [A, E] -> (id [A], "
         "confidence [A], ok [A]): each row's greedy token (ties to the smallest id) and its probability at "
@@ -1246,12 +1378,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
            py::arg("rows"), py::arg("write_pos"), py::arg("span"), py::arg("visible"), py::arg("prefill") = false,
            no_gil)
-      .def("draft_greedy", &verispec::Layers::draft_greedy,
+      .def("draft", &verispec::Layers::draft,
            "tokens, counts, slots, lengths, bounds, k_cache, v_cache, limits, embed, first_norm, cos, sin, head, "
-           "head_ids, more, more_ids, blocked, keep -> (drafted [A, L], fed [A]): the greedy drafting loop (one call "
-           "for a whole greedy proposal)",
+           "head_ids, more, more_ids, blocked, keep, rules, merge, draw -> (drafted [A, L], fed [A], laws [A, L, W]): "
+           "the drafting loop (one call for a whole proposal; greedy when rules is None)",
            py::arg("tokens"), py::arg("counts"), py::arg("slots"), py::arg("lengths"), py::arg("bounds"),
            py::arg("k_cache"), py::arg("v_cache"), py::arg("limits"), py::arg("embed"), py::arg("first_norm"),
            py::arg("cos"), py::arg("sin"), py::arg("head"), py::arg("head_ids"), py::arg("more"), py::arg("more_ids"),
-           py::arg("blocked"), py::arg("keep"));
+           py::arg("blocked"), py::arg("keep"), py::arg("rules") = py::none(), py::arg("merge") = py::none(),
+           py::arg("draw") = py::none());
 }

@@ -245,6 +245,20 @@ struct PickResult {
 };
 PickResult pick_greedy(const PickSegment* segments, int count);
 
+// ---- a sampled draft token (vec/pick.cpp): verispec.sampling.build_laws's steps on one row
+struct SampleRule {
+  float temperature;  // > 0 (1: none)
+  int64_t top_k;      // 0: none
+  double top_p;       // 1: none
+  float min_p;        // 0: none
+};
+// x [w] fp32 scores of ascending ids (-inf: not allowed), transformed in place -> law [w] fp32
+// (summing to 1); false: no law (a NaN, or a largest score that is not finite).
+bool sampled_law(float* x, int64_t w, const SampleRule& rule, float* law);
+// The column of law [w] (>= 0) that the uniform u in [0, 1) picks: the first whose float64
+// cumulative mass exceeds u * the total (columns of mass 0 never).
+int64_t draw_column(const float* law, int64_t w, double u);
+
 // ---- bf16 weights (amx/bf16.cpp: TDPBF16PS order; vec/linear.cpp: one fp32 FMA chain per output)
 struct Bf16Args {
   const uint16_t* w;  // packed bf16 weights (the pair layout of amx/bf16.cpp)

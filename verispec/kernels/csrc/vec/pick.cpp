@@ -11,7 +11,10 @@
 // `blocked` marks counts as -inf (an id another request brought).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
+#include <vector>
 
 #include "common.h"
 #include "vec.h"
@@ -115,6 +118,137 @@ PickResult pick_greedy(const PickSegment* segments, int count) {
     acc = segments[i].bf16 ? exp_sum_segment<uint16_t>(segments[i], best, acc)
                            : exp_sum_segment<float>(segments[i], best, acc);
   return {best_id, 1.0f / reduce_add(acc), true};
+}
+
+// ------------------------------------------------------------------------------------ sampled
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The largest of x [w] (whole vectors by 16 lanes and the fixed lane tree, the last columns one
+// by one), and whether x holds a NaN (as scan_segment finds it).
+float row_top(const float* x, int64_t w, bool& nan) {
+  F16 lanes = set1(kNegInf), probe = zero();
+  const F16 tiny = set1(0x1p-100f);
+  int64_t j = 0;
+  for (; j + 16 <= w; j += 16) {
+    const F16 v = load(x + j);
+    lanes = max(lanes, v);
+    probe = fma(v, tiny, probe);
+  }
+  nan = std::isnan(reduce_add(probe));
+  float top = j > 0 ? reduce_max(lanes) : kNegInf;
+  for (; j < w; ++j) {
+    if (x[j] != x[j])
+      nan = true;
+    else
+      top = std::max(top, x[j]);
+  }
+  return top;
+}
+
+// e [w] = exp(x - top) (0 where x is -inf or more than 87.3 below top); returns their sum (16
+// lanes adding in column order, then the fixed lane tree).
+float exp_row(const float* x, int64_t w, float top, float* e) {
+  const F16 m = set1(top);
+  F16 acc = zero();
+  for (int64_t j = 0; j < w; j += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(w - j, 16));
+    const F16 v = keep_first(vec::exp(sub(load_n(x + j, n), m)), n);
+    store_n(e + j, v, n);
+    acc = add(acc, v);
+  }
+  return reduce_add(acc);
+}
+
+// Top-p on x [w] (exp_row's e [w] and total): keeps the smallest set of most probable columns
+// (probability e / total descending, the lowest column first among equals) whose float64 mass
+// reaches top_p, the mass before each kept column being below top_p; sets the others to -inf.
+// Only candidates are sorted: the columns within a ratio of the most probable (1e-2, 1e-4, 1e-7)
+// when they hold top_p of the mass, else every column of positive mass.
+void keep_nucleus(float* x, int64_t w, const float* e, float total, double top_p) {
+  std::vector<int64_t> cand;
+  double all = 0.0;
+  for (int64_t j = 0; j < w; ++j) all += e[j];
+  for (const float ratio : {1e-2f, 1e-4f, 1e-7f, 0.0f}) {
+    cand.clear();
+    double mass = 0.0;
+    for (int64_t j = 0; j < w; ++j)
+      if (e[j] > 0.0f && e[j] >= ratio) cand.push_back(j), mass += e[j];
+    if (mass >= (top_p + 1e-6) * all) break;  // (a margin far above the sums' rounding)
+  }
+  const auto prob = [&](int64_t j) { return e[j] / total; };
+  // sort keys: a probability's bits (>= 0: ordered as the numbers), then the column reversed
+  std::vector<uint64_t> keys(cand.size());
+  for (size_t i = 0; i < cand.size(); ++i) {
+    const float p = prob(cand[i]);
+    uint32_t bits;
+    std::memcpy(&bits, &p, 4);
+    keys[i] = (static_cast<uint64_t>(bits) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(cand[i]));
+  }
+  std::sort(keys.begin(), keys.end(), std::greater<uint64_t>());
+  const auto column = [](uint64_t key) { return static_cast<int64_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); };
+  double before = 0.0;
+  size_t kept = 0;
+  while (kept < keys.size() && before < top_p) before += prob(column(keys[kept++]));
+  const int64_t last = column(keys[kept - 1]);  // (the most probable is always kept)
+  const float floor = prob(last);
+  for (int64_t j = 0; j < w; ++j) {
+    const float p = prob(j);
+    if (!(p > floor || (p == floor && j <= last))) x[j] = kNegInf;
+  }
+}
+
+}  // namespace
+
+bool sampled_law(float* x, int64_t w, const SampleRule& rule, float* law) {
+  bool nan = false;
+  float top = row_top(x, w, nan);
+  if (nan || !std::isfinite(top)) return false;
+  if (rule.temperature != 1.0f) {
+    const F16 t = set1(rule.temperature);
+    for (int64_t j = 0; j < w; j += 16) {
+      const int n = static_cast<int>(std::min<int64_t>(w - j, 16));
+      store_n(x + j, div(load_n(x + j, n), t), n);
+    }
+    top /= rule.temperature;  // (division by a positive number keeps the order: still the largest)
+    if (!std::isfinite(top)) return false;
+  }
+  if (rule.top_k > 0 && rule.top_k < w) {  // keep the scores >= the k-th largest (ties kept)
+    std::copy(x, x + w, law);
+    std::nth_element(law, law + rule.top_k - 1, law + w, std::greater<float>());
+    const float kth = law[rule.top_k - 1];
+    for (int64_t j = 0; j < w; ++j)
+      if (x[j] < kth) x[j] = kNegInf;
+  }
+  if (rule.top_p < 1.0) keep_nucleus(x, w, law, exp_row(x, w, top, law), rule.top_p);
+  if (rule.min_p > 0.0f) {  // drop the columns below min_p times the largest probability
+    const float total = exp_row(x, w, top, law), floor = rule.min_p * (1.0f / total);
+    for (int64_t j = 0; j < w; ++j)
+      if (law[j] / total < floor) x[j] = kNegInf;
+  }
+  const F16 total = set1(exp_row(x, w, top, law));  // the law: softmax of what is left
+  for (int64_t j = 0; j < w; j += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(w - j, 16));
+    store_n(law + j, div(load_n(law + j, n), total), n);
+  }
+  return true;
+}
+
+int64_t draw_column(const float* law, int64_t w, double u) {
+  double total = 0.0;
+  for (int64_t j = 0; j < w; ++j) total += law[j];
+  const double target = u * total;
+  double mass = 0.0;
+  int64_t last = -1;
+  for (int64_t j = 0; j < w; ++j)
+    if (law[j] > 0.0f) {
+      mass += law[j];
+      last = j;
+      if (mass > target) return j;
+    }
+  return last;  // (u * total rounded up to the total: the last column of positive mass)
 }
 
 }  // namespace verispec
