@@ -4,11 +4,11 @@ The default pair at the machine's defaults, greedy (or sampled: ``--temperature`
 the model drafter proposes ``--k`` tokens after a short code prompt, ``--rounds`` times (nothing
 accepted: the draft cache goes back and one token is committed each round, so the context stays
 ~the same). Per draft token, medians over the rounds: the whole proposal, the native decoder
-layers of the passes Python runs, the native drafting loop (greedy drafts: every pass after the
-first in one call, its layers, heads and picks), the Python of the forward pass around the layers
-(cache plan, masks, RoPE, embedding), the restricted LM head, and the rest of the proposal (laws,
-sampling, bookkeeping). ``--loop both`` alternates greedy proposals with the native loop and with
-the Python loop round by round (the same drafter, the same tokens) and prints both. To compare two
+layers of the passes Python runs, the native drafting loop (the whole proposal in one call: its
+layers, heads, laws and picks), the Python of the forward pass around the layers (cache plan,
+masks, RoPE, embedding), the restricted LM head, and the rest of the proposal (laws, sampling,
+bookkeeping). ``--loop both`` alternates proposals with the native loop and with the Python loop
+round by round (the same drafter; greedy: the same tokens) and prints both. To compare two
 versions of the Python, run it from two checkouts in turn (``PYTHONPATH=OTHER_CHECKOUT python
 benchmarks/draft_step.py``): the host's speed moves by 20-30% from minute to minute, so alternate
 them and compare the parts, not one run against another.

@@ -9,7 +9,7 @@ configuration gives the same tokens. Configurations: ``plain`` (no drafter), ``m
 gave the model none, and before the policy kept them out of the model's acceptance),
 ``ngram-composite`` (the composite with prompt lookup instead of the suffix lookup, as it was
 before), ``suffix``, ``ngram``; ``model-python-loop`` and ``composite-python-loop``: those drafters
-with greedy drafting in Python's loop instead of one native call a proposal (as before it). Printed
+drafting in Python's loop instead of one native call a proposal (as before it). Printed
 per prompt: each configuration's tok/s, and how many of its decode steps drafted and how many of
 those drafts a lookup made for free; reported per configuration: the median tok/s, and the median
 and geometric mean of its per-prompt ratio to the first configuration.
@@ -52,7 +52,7 @@ def engine_for(name: str) -> Pipeline:
         pipe.engine.policy.observe = lambda *a, **kw: observe(*a[:7])  # type: ignore[method-assign]
     if name == "ngram-composite":
         pipe.engine.drafter.lookup = NgramDrafter(2, 4)  # type: ignore[attr-defined]
-    if name.endswith("-python-loop"):  # greedy drafts by the drafter's Python loop
+    if name.endswith("-python-loop"):  # drafts by the drafter's Python loop
         model = pipe.engine.drafter if drafter == "model" else pipe.engine.drafter.model  # type: ignore[attr-defined]
         model._natively = lambda: False
     return pipe

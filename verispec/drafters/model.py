@@ -565,9 +565,10 @@ class ModelDrafter:
         if laws is not None and drawn is not None:  # [A, L, W] in merged column order -> [n, K, V]
             columns = self._merged_ids if scored else self._head_ids
             assert columns is not None
-            laws[:, : drawn.shape[1]].zero_()
+            width = max(len(row_tokens) for row_tokens in tokens)  # (positions past it: never drafted)
+            laws[:, :width].zero_()
             for a, j in enumerate(chain):
-                laws[rows[j], : drawn.shape[1]].index_copy_(1, columns, drawn[a])
+                laws[rows[j], :width].index_copy_(1, columns, drawn[a, :width])
 
     def _first_greedy_pass(
         self, states: Sequence[_State], pieces: Sequence[Sequence[int]]
