@@ -11,13 +11,21 @@ from tests.kernels import require_kernels
 from tests.tiny import feed_tree_by_levels
 from verispec.config import EngineConfig, SamplingParams
 from verispec.drafters.base import BatchView
+from verispec.drafters.model import restricted_head
 from verispec.drafters.registry import make_drafter
 from verispec.drafters.tree import TreeShape
 from verispec.engine import Engine
 from verispec.errors import InputError
 from verispec.formats import packing
+from verispec.kernels.linear import native_projection
 from verispec.models.config import ModelConfig
-from verispec.models.transformer import PREFILL_MIN_TOKENS, Transformer, random_state_dict, tree_attention_mask
+from verispec.models.transformer import (
+    PREFILL_MIN_TOKENS,
+    DraftSampling,
+    Transformer,
+    random_state_dict,
+    tree_attention_mask,
+)
 
 VOCAB = 96
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9], [5] * 12, [10, 20, 30, 40, 10, 20, 30]]
@@ -285,6 +293,32 @@ def test_greedy_drafting_in_one_call_refuses_what_the_cache_cannot_hold() -> Non
     assert int(cache.lengths[slot]) == 12
     drafted, appended, _ = draft.draft(cache, [[3, 4]], [slot], [3], d._head_native, d._head_ids)
     assert len(drafted[0]) == 3 and appended == [4] and int(cache.lengths[slot]) == 16
+
+
+def test_sampled_drafting_in_one_call_refuses_bad_uniforms_and_rules() -> None:
+    """``draw`` must give one uniform in [0, 1) for each row it is asked about, and the rules must
+    be in range; a sampled call with a second head needs the merged order."""
+    draft = model("bf16")
+    d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=1, max_len=64, draft_head=40)
+    cache = draft.new_cache(1, 64)
+    slot = cache.add_sequence()
+    rules = torch.tensor([[0.8, 0, 0.9, 0.0]], dtype=torch.float64)
+    heads = (d._head_native, d._head_ids)
+    for draw, message in ((lambda i, r: [1.0], r"uniforms in \[0, 1\)"), (lambda i, r: [0.5, 0.5], "one uniform")):
+        with pytest.raises(RuntimeError, match=message):
+            draft.draft(cache, [[3, 4]], [slot], [3], *heads, sampling=DraftSampling(rules, None, draw))
+    bad = torch.tensor([[0.8, 0, 1.5, 0.0]], dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="out of range"):
+        draft.draft(cache, [[3]], [slot], [2], *heads, sampling=DraftSampling(bad, None, lambda i, r: [0.5]))
+    more_ids = torch.tensor([50, 60])
+    more = native_projection(restricted_head(draft, more_ids))
+    with pytest.raises(RuntimeError, match="merged order"):
+        sampling = DraftSampling(rules, None, lambda i, r: [0.5])
+        draft.draft(cache, [[3]], [slot], [2], *heads, more=more, more_ids=more_ids, sampling=sampling)
+    sampling = DraftSampling(rules, None, lambda i, r: [0.5] * len(r))
+    drafted, _, laws = draft.draft(cache, [[3]], [slot], [2], *heads, sampling=sampling)
+    assert laws is not None and laws.shape == (1, 2, 40) and len(drafted[0]) == 2
+    torch.testing.assert_close(laws.sum(dim=-1), torch.ones(1, 2))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "mixed"])

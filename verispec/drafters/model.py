@@ -573,8 +573,9 @@ class ModelDrafter:
     def _first_greedy_pass(
         self, states: Sequence[_State], pieces: Sequence[Sequence[int]]
     ) -> list[tuple[int, float] | None]:
-        """:meth:`_draft_natively`'s first greedy pass in Python (a prompt's catch-up on the model's prefill
-        path): each row's greedy token and its confidence by ``ops.greedy_pick`` (None: none)."""
+        """:meth:`_draft_natively`'s first greedy pass in Python (a prompt's catch-up on the
+        model's prefill path): each row's greedy token and its confidence by ``ops.greedy_pick``
+        (None: none)."""
         from verispec.kernels import load
 
         h = self._hidden(states, pieces, torch.tensor([[len(p) - 1] for p in pieces]))[:, 0]  # [R, C]

@@ -1236,13 +1236,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Layers::draft(
       head.run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(scores), scratch.data_ptr<uint8_t>(), false);
       if (more)
         more->run(bf16_pointer(picked_rows), m, c, bf16_pointer_mut(more_scores), scratch.data_ptr<uint8_t>(), false);
+      if (sampled)  // (rows apart: each its own merged row and law)
+        at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) picks[r] = law_of_row(r, active[r], i);
+        });
       for (int64_t r = 0; r < m; ++r) {
         const int64_t a = active[r];
         out_fed[a] += i == 0 ? count[a] : 1;
-        if (sampled) {
-          picks[r] = law_of_row(r, a, i);
-          continue;
-        }
+        if (sampled) continue;
         const PickSegment parts[2] = {
             PickSegment{bf16_pointer(scores) + r * head.n, true, head.n, head_ids.data_ptr<int64_t>(), nullptr},
             PickSegment{more ? bf16_pointer(more_scores) + r * e : nullptr, true, e,

@@ -256,7 +256,7 @@ struct SampleRule {
 // (summing to 1); false: no law (a NaN, or a largest score that is not finite).
 bool sampled_law(float* x, int64_t w, const SampleRule& rule, float* law);
 // The column of law [w] (>= 0) that the uniform u in [0, 1) picks: the first whose float64
-// cumulative mass exceeds u * the total (columns of mass 0 never).
+// cumulative mass (summed by blocks of 64 columns) exceeds u * the total (mass 0: never).
 int64_t draw_column(const float* law, int64_t w, double u);
 
 // ---- bf16 weights (amx/bf16.cpp: TDPBF16PS order; vec/linear.cpp: one fp32 FMA chain per output)

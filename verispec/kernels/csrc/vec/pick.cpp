@@ -162,42 +162,36 @@ float exp_row(const float* x, int64_t w, float top, float* e) {
   return reduce_add(acc);
 }
 
-// Top-p on x [w] (exp_row's e [w] and total): keeps the smallest set of most probable columns
-// (probability e / total descending, the lowest column first among equals) whose float64 mass
-// reaches top_p, the mass before each kept column being below top_p; sets the others to -inf.
-// Only candidates are sorted: the columns within a ratio of the most probable (1e-2, 1e-4, 1e-7)
-// when they hold top_p of the mass, else every column of positive mass.
+// Top-p on x [w] (exp_row's e [w] = exp(x - top) and their sum, total): keeps the smallest set of
+// most probable columns (e descending, the lowest column first among equals) whose float64 mass
+// (e / total a column) reaches top_p, the mass before each kept column being below top_p; sets the
+// others to -inf. Only candidates are sorted: the columns within a ratio of the most probable
+// (1e-2, 1e-4, 1e-7) once they hold top_p of the mass, else every column of positive mass.
 void keep_nucleus(float* x, int64_t w, const float* e, float total, double top_p) {
   std::vector<int64_t> cand;
-  double all = 0.0;
-  for (int64_t j = 0; j < w; ++j) all += e[j];
   for (const float ratio : {1e-2f, 1e-4f, 1e-7f, 0.0f}) {
     cand.clear();
     double mass = 0.0;
     for (int64_t j = 0; j < w; ++j)
-      if (e[j] > 0.0f && e[j] >= ratio) cand.push_back(j), mass += e[j];
-    if (mass >= (top_p + 1e-6) * all) break;  // (a margin far above the sums' rounding)
+      if (e[j] > 0.0f && e[j] >= ratio) cand.push_back(j), mass += e[j] / total;
+    if (mass >= top_p + 1e-6) break;  // (a margin far above the float64 sums' rounding)
   }
-  const auto prob = [&](int64_t j) { return e[j] / total; };
-  // sort keys: a probability's bits (>= 0: ordered as the numbers), then the column reversed
+  // sort keys: e's bits (>= 0: ordered as the numbers), then the column reversed
   std::vector<uint64_t> keys(cand.size());
   for (size_t i = 0; i < cand.size(); ++i) {
-    const float p = prob(cand[i]);
     uint32_t bits;
-    std::memcpy(&bits, &p, 4);
+    std::memcpy(&bits, e + cand[i], 4);
     keys[i] = (static_cast<uint64_t>(bits) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(cand[i]));
   }
   std::sort(keys.begin(), keys.end(), std::greater<uint64_t>());
   const auto column = [](uint64_t key) { return static_cast<int64_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); };
   double before = 0.0;
   size_t kept = 0;
-  while (kept < keys.size() && before < top_p) before += prob(column(keys[kept++]));
+  while (kept < keys.size() && before < top_p) before += e[column(keys[kept++])] / total;
   const int64_t last = column(keys[kept - 1]);  // (the most probable is always kept)
-  const float floor = prob(last);
-  for (int64_t j = 0; j < w; ++j) {
-    const float p = prob(j);
-    if (!(p > floor || (p == floor && j <= last))) x[j] = kNegInf;
-  }
+  const float least = e[last];
+  for (int64_t j = 0; j < w; ++j)
+    if (!(e[j] > least || (e[j] == least && j <= last))) x[j] = kNegInf;
 }
 
 }  // namespace
@@ -237,18 +231,38 @@ bool sampled_law(float* x, int64_t w, const SampleRule& rule, float* law) {
 }
 
 int64_t draw_column(const float* law, int64_t w, double u) {
+  // The cumulative mass by blocks of 64 columns: each block's sum in column order, the blocks'
+  // sums in order (independent chains of additions, which the CPU overlaps); the same sums find
+  // the block and then the column, so the columns' shares of [0, total) are their masses.
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (w + kBlock - 1) / kBlock;
+  std::vector<double> sums(blocks);
+  for (int64_t b = 0; b < blocks; ++b) {
+    double s = 0.0;
+    for (int64_t j = b * kBlock; j < std::min(w, (b + 1) * kBlock); ++j) s += law[j];
+    sums[b] = s;
+  }
   double total = 0.0;
-  for (int64_t j = 0; j < w; ++j) total += law[j];
+  for (const double s : sums) total += s;
   const double target = u * total;
-  double mass = 0.0;
-  int64_t last = -1;
-  for (int64_t j = 0; j < w; ++j)
-    if (law[j] > 0.0f) {
-      mass += law[j];
-      last = j;
-      if (mass > target) return j;
+  double before = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (before + sums[b] <= target) {
+      before += sums[b];
+      continue;
     }
-  return last;  // (u * total rounded up to the total: the last column of positive mass)
+    int64_t last = -1;
+    for (int64_t j = b * kBlock; j < std::min(w, (b + 1) * kBlock); ++j)
+      if (law[j] > 0.0f) {
+        before += law[j];
+        last = j;
+        if (before > target) return j;
+      }
+    return last;  // (the block's mass ran out by rounding: its last column of positive mass)
+  }
+  for (int64_t j = w - 1; j >= 0; --j)  // (u * total rounded up to the total)
+    if (law[j] > 0.0f) return j;
+  return -1;
 }
 
 }  // namespace verispec
