@@ -3,6 +3,10 @@
 Every component that needs a law over the vocabulary (drafters, acceptance rules, plain decoding,
 the exact laws of certification) calls :func:`to_probs`; none re-implements a piece of it. That is
 what makes "the speculative output has the target's distribution" a statement about one function.
+One exception, on the draft's side only: the model drafter's loop on verispec's kernels builds its
+laws there (``ops.sampled_pick``'s steps, equal to these to fp32 rounding, certified in the
+engine); a draft law may be any law, as long as each token is drawn from the one reported with it.
+The target's laws, and so the output's, always come from here.
 
 Order of operations (per row, the same everywhere):
 
