@@ -815,6 +815,45 @@ def test_the_sampled_pick_refuses_what_it_cannot_read() -> None:
         ops.sampled_pick(x, torch.tensor([[0.0, 0, 1.0, 0.0]] * 2, dtype=torch.float64), u)
 
 
+def test_a_projection_runs_without_pythons_lock() -> None:
+    """The kernels' entry points release the GIL (``py::call_guard``): while one thread is inside
+    a projection of ~0.1 s or more, another thread's Python keeps running (what keeps a server's
+    event loop answering while the engine computes). Held, the other thread would stop for the
+    whole call; released, its longest pause is a scheduler's slice."""
+    import itertools
+    import threading
+    import time
+
+    from verispec.kernels import load
+
+    ops = load()
+    gen = torch.Generator().manual_seed(3)
+    n = k = 2048
+    packed = ops.bf16_pack(torch.randn(n, k, generator=gen).to(torch.bfloat16))
+    x = torch.randn(64, k, generator=gen).to(torch.bfloat16)
+    start = time.perf_counter()
+    ops.bf16_linear(x, packed, n, k, None)
+    rows = int(64 * max(1.0, 0.15 / (time.perf_counter() - start)))  # a call of ~0.15 s
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    span: list[float] = []
+
+    def call() -> None:
+        span.append(time.perf_counter())
+        ops.bf16_linear(x, packed, n, k, None)
+        span.append(time.perf_counter())
+
+    ticks: list[float] = []
+    worker = threading.Thread(target=call)
+    worker.start()
+    while worker.is_alive():
+        ticks.append(time.perf_counter())
+    worker.join()
+    begin, end = span
+    inside = [begin, *(t for t in ticks if begin < t < end), end]
+    longest = max(b - a for a, b in itertools.pairwise(inside))
+    assert longest < 0.5 * (end - begin), (longest, end - begin, len(inside))
+
+
 def test_layer_ops_split_over_threads_equal_one_thread() -> None:
     """The activation quantisation (by blocks, with a Q4_K input padded to whole super-blocks too),
     SwiGLU (by columns), RMSNorm and RoPE (by rows) split their work over threads once it is large
