@@ -105,16 +105,18 @@ KERNEL_CASES = [
 
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: c.label())
 def test_drafting_on_the_kernels_is_lossless(case: EngineCase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampled drafts proposed in one native call a proposal (their laws by the kernels, their
+    tokens drawn with the requests' generators) leave the engine's output law the target's."""
     from tests.kernels import require_kernels
     from verispec.drafters.model import ModelDrafter
 
     require_kernels()
-    sampled: list[bool] = []  # (each proposal: whether it drafted in one native call)
+    native: list[bool] = []  # (a mark for each proposal drafted in one native call)
     real = ModelDrafter._draft_natively
-    monkeypatch.setattr(ModelDrafter, "_draft_natively", lambda self, *a: (sampled.append(True), real(self, *a))[1])
+    monkeypatch.setattr(ModelDrafter, "_draft_natively", lambda self, *a: (native.append(True), real(self, *a))[1])
     gof, acceptance = certify_engine_case(case, num_sequences=N, seed=1, prompt=REPETITIVE)
     assert gof.p_value >= DEFAULT_ALPHA, (case.label(), gof)
-    assert acceptance > 0.0 and len(sampled) > 10
+    assert acceptance > 0.0 and len(native) > 10
 
 
 def test_drafting_on_the_kernels_with_skewed_uniforms_fails(monkeypatch: pytest.MonkeyPatch) -> None:
