@@ -4,6 +4,8 @@ speculative output equals greedy plain output token for token (not only in fp32)
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -26,6 +28,7 @@ from verispec.models.transformer import (
     random_state_dict,
     tree_attention_mask,
 )
+from verispec.verify.base import Draft
 
 VOCAB = 96
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9], [5] * 12, [10, 20, 30, 40, 10, 20, 30]]
@@ -172,6 +175,40 @@ class _ConfidenceStop:
         return confidence >= self.below
 
 
+# Three requests for the drafting loops' comparisons: ids >= 40 lie outside the head of 40 ids;
+# c's prompt is long enough for the prefill path. Each round's draft lengths, twice over.
+LOOP_PROMPTS = {"a": PROMPTS[0], "b": [50, 61, 7, 8, 9, 70, 3], "c": (PROMPTS[3] * 15)[:PREFILL_MIN_TOKENS]}
+LOOP_ROUNDS = [[5, 2, 7], [3, 0, 6], [6, 4, 1], [2, 6, 6]] * 2
+
+
+def _drafting_rounds(
+    draft: Transformer, native: bool, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> tuple[list[tuple[Draft, list[tuple[int, int, float]]]], tuple[torch.Tensor, ...], Any]:
+    """The model drafter (a head of 40 ids) proposing LOOP_ROUNDS for LOOP_PROMPTS in one native
+    call a proposal, or (``native`` False) in its Python loop, stopped by confidence (0.05); each
+    round commits the first ``round % 3`` draft tokens and one more. Returns each round's draft and
+    stop calls, the draft cache afterwards (keys, values, lengths) and the drafter."""
+    d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=256, draft_head=40)
+    assert d._natively()
+    if not native:
+        d._natively = lambda: False  # type: ignore[method-assign]
+    contexts = {rid: list(p) for rid, p in LOOP_PROMPTS.items()}
+    for rid, context in contexts.items():
+        d.begin(rid, context)
+    rounds = []
+    for step, ks in enumerate(LOOP_ROUNDS):
+        stop = _ConfidenceStop(0.05)
+        out = d.propose(BatchView(list(contexts), params, generators, stop=stop), ks)
+        rounds.append((out, stop.calls))
+        for row, (rid, context) in enumerate(contexts.items()):
+            kept = [*out.token_ids[row, : min(step % 3, int(out.num_tokens[row]))].tolist(), step % 40]
+            d.observe(rid, kept)
+            context.extend(kept)
+    used = int(d.cache.lengths.max())
+    cache = (d.cache.k[:, :, :, :used].clone(), d.cache.v[:, :, :, :used].clone(), d.cache.lengths.clone())
+    return rounds, cache, d
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4-all"])
 def test_greedy_drafting_in_one_native_call_equals_the_python_loop(precision: str) -> None:
     """The model drafter's greedy drafts on the kernels (a proposal in one native call:
@@ -181,36 +218,16 @@ def test_greedy_drafting_in_one_native_call_equals_the_python_loop(precision: st
     requests' own outside the head (rows b and c), a stop ending rows by their confidence; and the
     same draft cache afterwards (keys, values, lengths)."""
     draft = model(precision, seed=1, noise=0.3)
-    # ids >= 40: outside the head; c's prompt is long enough for the prefill path (its first pass in Python)
-    prompts = {"a": PROMPTS[0], "b": [50, 61, 7, 8, 9, 70, 3], "c": (PROMPTS[3] * 15)[:PREFILL_MIN_TOKENS]}
-    lengths = [[5, 2, 7], [3, 0, 6], [6, 4, 1], [2, 6, 6]]
-    runs = []
-    for native in (True, False):
-        d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=256, draft_head=40)
-        assert d._natively()
-        if not native:
-            d._natively = lambda: False  # type: ignore[method-assign]
-        contexts = {rid: list(p) for rid, p in prompts.items()}
-        for rid, context in contexts.items():
-            d.begin(rid, context)
-        greedy = SamplingParams(temperature=0)
-        drafts, calls = [], []
-        for step, ks in enumerate(lengths * 2):
-            stop = _ConfidenceStop(0.05)
-            out = d.propose(BatchView(list(contexts), [greedy] * 3, [None] * 3, stop=stop), ks)
-            drafts.append((out.token_ids.tolist(), out.num_tokens.tolist(), out.probs))
-            calls.append(stop.calls)
-            for row, (rid, context) in enumerate(contexts.items()):
-                kept = [*out.token_ids[row, : min(step % 3, int(out.num_tokens[row]))].tolist(), step % 40]
-                d.observe(rid, kept)
-                context.extend(kept)
-        used = int(d.cache.lengths.max())
-        runs.append((drafts, calls, d.cache.k[:, :, :, :used].clone(), d.cache.v[:, :, :, :used].clone(),
-                     d.cache.lengths.clone()))  # fmt: skip
-    (drafts, calls, k, v, lens), (py_drafts, py_calls, py_k, py_v, py_lens) = runs
+    greedy = SamplingParams(temperature=0)
+    runs = [_drafting_rounds(draft, native, [greedy] * 3, [None] * 3) for native in (True, False)]
+    (rounds, (k, v, lens), _), (py_rounds, (py_k, py_v, py_lens), d) = runs
+    drafts, py_drafts = (
+        [(o.token_ids.tolist(), o.num_tokens.tolist(), o.probs) for o, _ in r] for r in (rounds, py_rounds)
+    )
+    calls, py_calls = ([c for _, c in r] for r in (rounds, py_rounds))
     assert drafts == py_drafts
     assert any(
-        n < max(ks) for (_, num, _), ks in zip(drafts, lengths * 2, strict=True) for n in num
+        n < max(ks) for (_, num, _), ks in zip(drafts, LOOP_ROUNDS, strict=True) for n in num
     )  # stops ended some
     assert [[(r, n) for r, n, _ in c] for c in calls] == [[(r, n) for r, n, _ in c] for c in py_calls]
     assert max(n for c in calls for _, n, _ in c) >= 4  # (passes of the native loop took part)
@@ -230,43 +247,24 @@ def test_sampled_drafting_in_one_native_call_matches_the_python_loop(precision: 
     min-p; ids of the requests' own outside the head; a first proposal after a prompt long
     enough for the prefill path (the Python loop's) and stops by confidence."""
     draft = model(precision, seed=1, noise=0.3)
-    prompts = {"a": PROMPTS[0], "b": [50, 61, 7, 8, 9, 70, 3], "c": (PROMPTS[3] * 15)[:PREFILL_MIN_TOKENS]}
     params = [
         SamplingParams(temperature=0.8, top_p=0.9),
         SamplingParams(temperature=0),
         SamplingParams(temperature=1.2, top_k=7, min_p=0.02),
     ]
-    lengths = [[5, 2, 7], [3, 0, 6], [6, 4, 1], [2, 6, 6]]
     sampled_calls = []  # (whether each native call sampled)
     real_draft = draft.draft
     draft.draft = lambda *a, **kw: (sampled_calls.append(kw["sampling"] is not None), real_draft(*a, **kw))[1]
     runs = []
     for native in (True, False):
-        d = make_drafter("model", draft_model=draft, vocab_size=VOCAB, max_batch=4, max_len=256, draft_head=40)
-        assert d._natively()
-        if not native:
-            d._natively = lambda: False  # type: ignore[method-assign]
-        contexts = {rid: list(p) for rid, p in prompts.items()}
-        for rid, context in contexts.items():
-            d.begin(rid, context)
         gens = [torch.Generator().manual_seed(7), None, torch.Generator().manual_seed(8)]
-        drafts, laws, calls = [], [], []
-        for step, ks in enumerate(lengths * 2):
-            stop = _ConfidenceStop(0.05)
-            out = d.propose(BatchView(list(contexts), params, gens, stop=stop), ks)
-            assert out.probs is not None
-            drafts.append((out.token_ids.tolist(), out.num_tokens.tolist()))
-            laws.append(out.probs.clone())
-            calls.append(stop.calls)
-            for row, (rid, context) in enumerate(contexts.items()):
-                kept = [*out.token_ids[row, : min(step % 3, int(out.num_tokens[row]))].tolist(), step % 40]
-                d.observe(rid, kept)
-                context.extend(kept)
-        used = int(d.cache.lengths.max())
-        runs.append((drafts, laws, calls, d.cache.k[:, :, :, :used].clone(), d.cache.v[:, :, :, :used].clone(),
-                     d.cache.lengths.clone()))  # fmt: skip
-    (drafts, laws, calls, k, v, lens), (py_drafts, py_laws, py_calls, py_k, py_v, py_lens) = runs
-    assert sampled_calls == [True] * (len(lengths) * 2 - 1)  # (every proposal but the prompt's)
+        runs.append(_drafting_rounds(draft, native, params, gens))
+    (rounds, (k, v, lens), _), (py_rounds, (py_k, py_v, py_lens), d) = runs
+    drafts, py_drafts = ([(o.token_ids.tolist(), o.num_tokens.tolist()) for o, _ in r] for r in (rounds, py_rounds))
+    laws, py_laws = ([o.probs for o, _ in r] for r in (rounds, py_rounds))
+    calls, py_calls = ([c for _, c in r] for r in (rounds, py_rounds))
+    assert all(law is not None for law in laws + py_laws)
+    assert sampled_calls == [True] * (len(LOOP_ROUNDS) - 1)  # (every proposal but the prompt's)
     assert drafts == py_drafts
     assert [[(r, n) for r, n, _ in c] for c in calls] == [[(r, n) for r, n, _ in c] for c in py_calls]
     assert max(n for c in calls for _, n, _ in c) >= 4  # (passes of the native loop took part)

@@ -275,30 +275,32 @@ class ModelDrafter:
             logits = torch.full((len(pieces), at.shape[1], self.vocab_size), float("-inf"), device=device)
             logits[:, :, self._columns] = scores.float()
         else:
-            tokens, extra = self._pass_inputs(pieces, mask)
-            logits = self.model.forward(
-                tokens.to(device),
-                positions,
-                self.cache,
-                num_new=[len(p) for p in pieces],
-                slots=[s.slot for s in states],
-                logits_at=at,
-                **extra,
-            )  # [R, N, V_draft]
+            logits = self._pass(states, pieces, positions, mask, at)  # [R, N, V_draft]
         r, n, v = logits.shape
         return self._fit(logits.reshape(r * n, v)).reshape(r, n, -1)
 
-    @staticmethod
-    def _pass_inputs(pieces: Sequence[Sequence[int]], mask: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
-        """A pass's tokens ``[R, T]`` (right-padded) and the forward's keyword arguments."""
+    def _pass(
+        self,
+        states: Sequence[_State],
+        pieces: Sequence[Sequence[int]],
+        positions: Tensor | None,
+        mask: Tensor | None,
+        logits_at: Tensor,
+        hidden: bool = False,
+    ) -> Any:
+        """One draft pass appending ``pieces[i]`` to ``states[i]``'s cache, right-padded (a
+        catch-up over a prompt on the model's prefill path): the model's ``forward`` (logits
+        ``[R, N, V_draft]`` at ``logits_at``), or with ``hidden`` its ``forward_with_hidden``."""
         width = max(len(p) for p in pieces)
-        tokens = torch.full((len(pieces), width), 0, dtype=torch.long)
+        tokens = torch.full((len(pieces), width), 0, dtype=torch.long)  # [R, T]
         for row, piece in enumerate(pieces):
             tokens[row, : len(piece)] = torch.tensor(piece, dtype=torch.long)
         extra: dict[str, Any] = {} if mask is None else {"attn_mask": mask}  # (chains: no mask, any model takes them)
-        if width >= PREFILL_MIN_TOKENS:  # a catch-up over a prompt: the model's prefill path
+        if width >= PREFILL_MIN_TOKENS:
             extra["prefill"] = True
-        return tokens, extra
+        run = self.model.forward_with_hidden if hidden else self.model.forward
+        return run(tokens.to(self.model.device), positions, self.cache, num_new=[len(p) for p in pieces],
+                   slots=[s.slot for s in states], logits_at=logits_at, **extra)  # fmt: skip
 
     def _hidden(
         self,
@@ -310,18 +312,8 @@ class ModelDrafter:
     ) -> Tensor:
         """One draft pass appending ``pieces[i]`` to ``states[i]``'s cache (as :meth:`_run`); the
         final norm's output ``[R, N, C]`` at the step offsets ``at`` ``[R, N]`` (what the heads score)."""
-        device = self.model.device
-        tokens, extra = self._pass_inputs(pieces, mask)
-        none = torch.empty((len(pieces), 0), dtype=torch.long, device=device)
-        hidden = self.model.forward_with_hidden(
-            tokens.to(device),
-            positions,
-            self.cache,
-            num_new=[len(p) for p in pieces],
-            slots=[s.slot for s in states],
-            logits_at=none,
-            **extra,
-        ).hidden  # [R, T, C]
+        none = torch.empty((len(pieces), 0), dtype=torch.long, device=self.model.device)
+        hidden: Tensor = self._pass(states, pieces, positions, mask, none, hidden=True).hidden  # [R, T, C]
         return hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
 
     def _context_scores(self, states: Sequence[_State], h: Tensor) -> Tensor | None:

@@ -40,21 +40,20 @@ inline F16 load_at(const T* x, int64_t j, int n) {
     return load_bf16_n(x + j, n);
 }
 
-// The largest score of a segment and the id of its first column holding it (the smallest id, as
-// a segment's ids ascend), folded into best / best_id (ties between segments: the smaller id); NaN
-// noted. Whole vectors of 16 columns by a lane-wise max, NaN by the sum of x * 2^-100 (finite for
-// every finite score, NaN only with a NaN or with both infinities, and +inf fails the row anyway);
-// the last columns, and a segment with blocked columns, one by one.
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The largest of x [w] but its blocked columns (-inf when none is left), a NaN noted in nan.
+// Whole vectors of 16 columns by a lane-wise max and the fixed lane tree, NaN by the sum of
+// x * 2^-100 (finite for every finite score, NaN only with a NaN or with both infinities, and +inf
+// fails the row anyway); the last columns, and a row with blocked columns, one by one.
 template <typename T>
-void scan_segment(const PickSegment& s, float& best, int64_t& best_id, bool& nan) {
-  const T* x = static_cast<const T*>(s.scores);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  float top = neg_inf;
+float largest(const T* x, int64_t w, const bool* blocked, bool& nan) {
+  float top = kNegInf;
   int64_t j = 0;
-  if (!s.blocked && s.width >= 16) {
-    F16 lanes = set1(neg_inf), probe = zero();
+  if (!blocked && w >= 16) {
+    F16 lanes = set1(kNegInf), probe = zero();
     const F16 tiny = set1(0x1p-100f);
-    for (; j + 16 <= s.width; j += 16) {
+    for (; j + 16 <= w; j += 16) {
       const F16 v = load_at(x, j, 16);
       lanes = max(lanes, v);
       probe = fma(v, tiny, probe);
@@ -62,15 +61,25 @@ void scan_segment(const PickSegment& s, float& best, int64_t& best_id, bool& nan
     if (std::isnan(reduce_add(probe))) nan = true;
     top = reduce_max(lanes);
   }
-  for (; j < s.width; ++j) {
-    if (s.blocked && s.blocked[j]) continue;
+  for (; j < w; ++j) {
+    if (blocked && blocked[j]) continue;
     const float v = value_at(x, j);
     if (v != v)
       nan = true;
     else if (v > top)
       top = v;
   }
-  if (nan || top == neg_inf) return;
+  return top;
+}
+
+// The largest score of a segment and the id of its first column holding it (the smallest id, as
+// a segment's ids ascend), folded into best / best_id (ties between segments: the smaller id); NaN
+// noted.
+template <typename T>
+void scan_segment(const PickSegment& s, float& best, int64_t& best_id, bool& nan) {
+  const T* x = static_cast<const T*>(s.scores);
+  const float top = largest(x, s.width, s.blocked, nan);
+  if (nan || top == kNegInf) return;
   for (int64_t c = 0; c < s.width; ++c)
     if (value_at(x, c) == top && !(s.blocked && s.blocked[c])) {
       const int64_t id = s.ids ? s.ids[c] : c;
@@ -124,28 +133,13 @@ PickResult pick_greedy(const PickSegment* segments, int count) {
 
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// The largest of x [w] (whole vectors by 16 lanes and the fixed lane tree, the last columns one
-// by one), and whether x holds a NaN (as scan_segment finds it).
-float row_top(const float* x, int64_t w, bool& nan) {
-  F16 lanes = set1(kNegInf), probe = zero();
-  const F16 tiny = set1(0x1p-100f);
-  int64_t j = 0;
-  for (; j + 16 <= w; j += 16) {
-    const F16 v = load(x + j);
-    lanes = max(lanes, v);
-    probe = fma(v, tiny, probe);
+// x [w] /= d in place (IEEE division, vector by vector).
+void divide_row(float* x, int64_t w, float d) {
+  const F16 by = set1(d);
+  for (int64_t j = 0; j < w; j += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(w - j, 16));
+    store_n(x + j, div(load_n(x + j, n), by), n);
   }
-  nan = std::isnan(reduce_add(probe));
-  float top = j > 0 ? reduce_max(lanes) : kNegInf;
-  for (; j < w; ++j) {
-    if (x[j] != x[j])
-      nan = true;
-    else
-      top = std::max(top, x[j]);
-  }
-  return top;
 }
 
 // e [w] = exp(x - top) (0 where x is -inf or more than 87.3 below top); returns their sum (16
@@ -198,14 +192,10 @@ void keep_nucleus(float* x, int64_t w, const float* e, float total, double top_p
 
 bool sampled_law(float* x, int64_t w, const SampleRule& rule, float* law) {
   bool nan = false;
-  float top = row_top(x, w, nan);
+  float top = largest(x, w, nullptr, nan);
   if (nan || !std::isfinite(top)) return false;
   if (rule.temperature != 1.0f) {
-    const F16 t = set1(rule.temperature);
-    for (int64_t j = 0; j < w; j += 16) {
-      const int n = static_cast<int>(std::min<int64_t>(w - j, 16));
-      store_n(x + j, div(load_n(x + j, n), t), n);
-    }
+    divide_row(x, w, rule.temperature);
     top /= rule.temperature;  // (division by a positive number keeps the order: still the largest)
     if (!std::isfinite(top)) return false;
   }
@@ -222,11 +212,7 @@ bool sampled_law(float* x, int64_t w, const SampleRule& rule, float* law) {
     for (int64_t j = 0; j < w; ++j)
       if (law[j] / total < floor) x[j] = kNegInf;
   }
-  const F16 total = set1(exp_row(x, w, top, law));  // the law: softmax of what is left
-  for (int64_t j = 0; j < w; j += 16) {
-    const int n = static_cast<int>(std::min<int64_t>(w - j, 16));
-    store_n(law + j, div(load_n(law + j, n), total), n);
-  }
+  divide_row(law, w, exp_row(x, w, top, law));  // the law: softmax of what is left
   return true;
 }
 
