@@ -2,11 +2,19 @@
 
 Loads the default pair (the 1.5B target in int4, the 0.5B draft in int4-all, or what
 ``--target-dtype`` / ``--draft-dtype`` say) and times decode passes over T new tokens after
-``--context`` cached ones, the logits of every row computed (as a verification needs). Inside each
-pass it times the two native calls that do the work: ``Layers.forward`` (every decoder layer, one
-call: ``csrc/bindings.cpp``) and the LM head's projection. What is left, ``pass - layers - head``,
-is Python and torch around them: the step plan, the embedding lookup, RoPE's tables, the
-visibility mask, the first RMSNorm, the logits' cast. Medians over ``--reps`` passes per width.
+``--context`` cached ones, the logits of every row computed (as a verification needs), by two
+paths of the same pass, alternated:
+
+- ``native``: what a chain pass runs, ``Layers.chain`` (``csrc/bindings.cpp``): the embedding, the
+  first norm, every decoder layer, the LM head and the logits' cast in one call;
+- ``general``: the pass given its positions (which sends it down the general path, as a tree's or a
+  prompt's pass goes): the step plan, the embedding lookup, RoPE's tables, the visibility mask,
+  the first RMSNorm in Python and torch, ``Layers.forward`` (every decoder layer, one call), the LM
+  head's projection, the logits' cast.
+
+Inside each pass it times the native calls that do the work (``Layers.chain``; or
+``Layers.forward`` and the LM head); ``outside`` = pass - those is Python and torch around them.
+Medians over ``--reps`` passes per width.
 
     python benchmarks/python_overhead.py [--widths 1,5] [--reps 60] [--context 128] [--threads 2]
 """
@@ -25,16 +33,23 @@ from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 
 
 class Timed:
-    """Stands in for the native ``Layers`` object and adds up the seconds its ``forward`` takes."""
+    """Stands in for the native ``Layers`` object and adds up the seconds its ``forward`` and
+    ``chain`` take."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.seconds = inner, 0.0
 
-    def forward(self, *args: Any) -> Any:
+    def _timed(self, name: str, *args: Any) -> Any:
         t0 = time.perf_counter()
-        out = self.inner.forward(*args)
+        out = getattr(self.inner, name)(*args)
         self.seconds += time.perf_counter() - t0
         return out
+
+    def forward(self, *args: Any) -> Any:
+        return self._timed("forward", *args)
+
+    def chain(self, *args: Any) -> Any:
+        return self._timed("chain", *args)
 
 
 def head_timer(head: torch.nn.Module) -> list[float]:
@@ -45,8 +60,11 @@ def head_timer(head: torch.nn.Module) -> list[float]:
     return total
 
 
+PATHS = ("native", "general")
+
+
 @torch.inference_mode()
-def measure(model: Any, widths: list[int], context: int, reps: int) -> dict[int, dict[str, float]]:
+def measure(model: Any, widths: list[int], context: int, reps: int) -> dict[tuple[int, str], dict[str, float]]:
     if getattr(model, "_native_layers", None) is None or model.lm_head is None:
         raise SystemExit("this model does not run on the one-call native path (CPU kernels, bf16 cache)")
     layers = model._native_layers = Timed(model._native_layers)
@@ -55,23 +73,26 @@ def measure(model: Any, widths: list[int], context: int, reps: int) -> dict[int,
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     model(torch.randint(0, vocab, (1, context), generator=gen), None, cache, logits_at=torch.tensor([[context - 1]]))
-    rows: dict[int, dict[str, list[float]]] = {t: {"pass": [], "layers": [], "head": []} for t in widths}
+    rows: dict[tuple[int, str], dict[str, list[float]]] = {
+        (t, path): {"pass": [], "native": []} for t in widths for path in PATHS
+    }
     for rep in range(reps + 1):
         for t in widths:
-            new = torch.randint(0, vocab, (1, t), generator=gen)
-            layers.seconds, head[0] = 0.0, 0.0
-            t0 = time.perf_counter()
-            model(new, None, cache)
-            elapsed = time.perf_counter() - t0
-            cache.truncate([context])
-            if rep > 0:  # the first round warms up
-                rows[t]["pass"].append(elapsed)
-                rows[t]["layers"].append(layers.seconds)
-                rows[t]["head"].append(head[0])
-    out: dict[int, dict[str, float]] = {}
-    for t, r in rows.items():
-        outside = [p - a - b for p, a, b in zip(r["pass"], r["layers"], r["head"], strict=True)]
-        out[t] = {k: 1e3 * statistics.median(v) for k, v in (*r.items(), ("outside", outside))}
+            for path in PATHS if rep % 2 else PATHS[::-1]:
+                new = torch.randint(0, vocab, (1, t), generator=gen)
+                positions = cache.next_positions(t) if path == "general" else None
+                layers.seconds, head[0] = 0.0, 0.0
+                t0 = time.perf_counter()
+                model(new, positions, cache)
+                elapsed = time.perf_counter() - t0
+                cache.truncate([context])
+                if rep > 0:  # the first round warms up
+                    rows[t, path]["pass"].append(elapsed)
+                    rows[t, path]["native"].append(layers.seconds + head[0])
+    out: dict[tuple[int, str], dict[str, float]] = {}
+    for key, r in rows.items():
+        outside = [p - n for p, n in zip(r["pass"], r["native"], strict=True)]
+        out[key] = {k: 1e3 * statistics.median(v) for k, v in (*r.items(), ("outside", outside))}
     return out
 
 
@@ -88,12 +109,11 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",") if w]
     print(f"### Python outside the native calls: {machine_line()}, {args.context} cached tokens, "
           f"median of {args.reps} passes")  # fmt: skip
-    print("| model | T | pass ms | Layers.forward ms | LM head ms | outside ms |\n|---|---|---|---|---|---|")
+    print("| model | T | path | pass ms | in native calls ms | outside ms |\n|---|---|---|---|---|---|")
     for name, dtype in ((DEFAULT_TARGET, args.target_dtype), (DEFAULT_DRAFT, args.draft_dtype)):
         model = load_model(name, dtype=dtype).model
-        for t, m in measure(model, widths, args.context, args.reps).items():
-            print(f"| {name} {dtype} | {t} | {m['pass']:.2f} | {m['layers']:.2f} | {m['head']:.2f} | "
-                  f"**{m['outside']:.2f}** |")  # fmt: skip
+        for (t, path), m in measure(model, widths, args.context, args.reps).items():
+            print(f"| {name} {dtype} | {t} | {path} | {m['pass']:.2f} | {m['native']:.2f} | **{m['outside']:.2f}** |")
 
 
 if __name__ == "__main__":

@@ -340,3 +340,103 @@ def test_the_one_call_layer_loop_equals_the_python_loop(precision: str) -> None:
     m._native_layers = native_loop
     for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
+
+
+class _Spy:
+    """Stands in for a model's native ``Layers`` and counts its ``chain`` calls."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.chains = inner, 0
+
+    def chain(self, *args: Any) -> Any:
+        self.chains += 1
+        return self.inner.chain(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4-all", "mixed"])
+def test_a_chain_pass_in_one_native_call_equals_the_general_pass(precision: str) -> None:
+    """A chain pass (no positions, no mask: ``Layers.chain``, the embedding, every layer and the
+    LM head in one call, RoPE from its table) computes what the general path computes for the same
+    pass (its positions given, so it plans the step in Python): the same real rows' logits and
+    hidden states bit for bit, at every offset or at ``logits_at``; the same keys and values,
+    lengths, step starts and host bounds; for three rows of a batch in slots out of order, ragged
+    (one row with nothing new), over passes of 1 to 5 tokens; then a rollback to a step's prefix
+    behaves alike on both."""
+    m = model(precision)
+    m._native_layers = spy = _Spy(m._native_layers)
+    gen = torch.Generator().manual_seed(3)
+    caches = [m.new_cache(4, 96) for _ in range(2)]
+    for cache in caches:
+        for _ in range(4):
+            cache.add_sequence()
+    slots = [3, 0, 2]
+    for native, cache in zip((True, False), caches, strict=True):
+        positions = None if native else cache.next_positions(9, slots)
+        m(torch.tensor([PROMPTS[0] + [1], PROMPTS[3] + [0, 0], PROMPTS[2][:9]]), positions, cache, slots=slots,
+          num_new=[9, 7, 9])  # fmt: skip
+    assert spy.chains == 1
+    for step in range(8):
+        t = 1 + step % 5
+        new = torch.randint(0, VOCAB, (3, t), generator=gen)
+        num_new = [t, max(1, t - 1), max(0, t - 3)]
+        at = None if step % 2 == 0 else torch.randint(0, t, (3, 2), generator=gen)
+        outs = [
+            m.forward_with_hidden(new, None if native else cache.next_positions(t, slots), cache, slots=slots,
+                                  num_new=num_new, logits_at=at)
+            for native, cache in zip((True, False), caches, strict=True)
+        ]  # fmt: skip
+        real = torch.tensor([[q < n for q in range(t)] for n in num_new])  # [3, T]
+        seen = real if at is None else real.gather(1, at)  # rows whose logits are real
+        assert torch.equal(outs[0].hidden[real], outs[1].hidden[real]), step
+        assert torch.equal(outs[0].logits[seen], outs[1].logits[seen]), step
+        a, b = caches
+        assert torch.equal(a.lengths, b.lengths) and torch.equal(a.step_start, b.step_start)
+        assert a._bound == b._bound and a._start_bound == b._start_bound
+        for s in slots:
+            n = int(a.lengths[s])
+            assert torch.equal(a.k[:, s, :, :n], b.k[:, s, :, :n]) and torch.equal(a.v[:, s, :, :n], b.v[:, s, :, :n])
+    assert spy.chains == 9
+    for cache in caches:
+        cache.keep_step_prefix([1, 1, 0], slots)
+    assert torch.equal(caches[0].lengths, caches[1].lengths)
+
+
+def test_a_chain_pass_in_one_call_refuses_what_the_general_pass_refuses() -> None:
+    """Where the host bounds say the tokens might not fit, the general path looks at the truth
+    and raises; a token outside the vocabulary is an IndexError on both paths, bad counts an
+    InputError; nothing of a refused native pass is committed, host bounds included. The native
+    call's own checks: RoPE's tables, logits_at, distinct slots, room in the cache."""
+    m = model("int8")
+    m._native_layers = spy = _Spy(m._native_layers)
+    cache = m.new_cache(1, 16)
+    m(torch.tensor([PROMPTS[2]]), None, cache)  # 12 of 16 positions
+    with pytest.raises(InputError, match="overflow"):
+        m(torch.tensor([[1, 2, 3, 4, 5]]), None, cache)
+    with pytest.raises(IndexError):
+        m(torch.tensor([[1, VOCAB]]), None, cache)
+    with pytest.raises(InputError, match="num_new"):
+        m(torch.tensor([[1, 2]]), None, cache, num_new=[3])
+    assert int(cache.lengths[0]) == 12 and cache._bound[0] == 12
+    logits = m(torch.tensor([[1, 2, 3, 4]]), None, cache)
+    assert logits.shape == (1, 4, VOCAB) and int(cache.lengths[0]) == 16 and spy.chains == 3
+    ops = spy.inner
+    args = dict(counts=torch.tensor([1]), slots=torch.tensor([0]), lengths=cache.lengths, step_start=cache.step_start,
+                bounds=torch.tensor([4]), k_cache=cache.k, v_cache=cache.v, embed=m.model.embed_tokens.weight,
+                first_norm=m.model.layers[0].input_layernorm.weight, head=m._native_head)  # fmt: skip
+    cos, sin = m.rope.table(16, m.dtype)
+    cache.truncate([4])
+    with pytest.raises(RuntimeError, match="cover"):
+        ops.chain(torch.tensor([[5]]), **args, cos=cos[:8], sin=sin[:8])
+    with pytest.raises(IndexError, match="logits_at"):
+        ops.chain(torch.tensor([[5]]), **args, cos=cos, sin=sin, logits_at=torch.tensor([[1]]))
+    with pytest.raises(RuntimeError, match="distinct"):
+        ops.chain(torch.tensor([[5], [6]]), **{**args, "counts": torch.tensor([1, 1]), "slots": torch.tensor([0, 0]),
+                  "bounds": torch.tensor([4, 4])}, cos=cos, sin=sin)  # fmt: skip
+    with pytest.raises(RuntimeError, match="cannot hold"):
+        ops.chain(torch.tensor([[5]]), **{**args, "bounds": torch.tensor([16])}, cos=cos, sin=sin)
+    assert int(cache.lengths[0]) == 4
+    with pytest.raises(IndexError):  # (the general path's refusal)
+        m(torch.tensor([[1, VOCAB]]), cache.next_positions(2), cache)

@@ -520,6 +520,30 @@ def test_rope_frequency_factors_reproduce_llama3_scaling() -> None:
         Transformer(plain_cfg, {**sd, "model.rope_freqs": factors[:3]})
 
 
+@pytest.mark.parametrize("name", ["qwen2-tied", "llama3-scaled", "llama-linear", "qwen2-yarn", "mistral-wide-heads"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_rope_table_holds_what_cos_sin_gives_each_position(name: str, dtype: torch.dtype) -> None:
+    """``RotaryEmbedding.table`` (the kernels' native passes look RoPE up there) has, bit for bit,
+    the values ``cos_sin`` computes for each position in any step's shape: one of 40,000
+    positions (two threads split it), then grown."""
+    rope = build(name).rope
+    cos, sin = rope.table(40_000, dtype)  # [P, D] each
+    assert cos.shape[0] >= 40_000 and cos.shape == sin.shape and cos.dtype == dtype
+    gen = torch.Generator().manual_seed(7)
+    for b, t in [(1, 1), (1, 5), (3, 7), (2, 33), (4, 300)]:
+        positions = torch.randint(0, 40_000 - t, (b, 1), generator=gen) + torch.arange(t)[None, :]  # [B, T]
+        step_cos, step_sin = rope.cos_sin(positions, dtype)  # [B, T, 1, D] each
+        assert torch.equal(step_cos[:, :, 0], cos[positions]) and torch.equal(step_sin[:, :, 0], sin[positions])
+    grown, _ = rope.table(90_000, dtype)
+    assert grown.shape[0] >= 90_000 and torch.equal(grown[: cos.shape[0]], cos)
+    assert rope.table(10, dtype)[0] is grown  # (kept)
+
+
+def test_dynamic_rope_has_no_table() -> None:
+    with pytest.raises(UnsupportedModelError, match="dynamic"):
+        build("llama-dynamic").rope.table(16, torch.float32)
+
+
 def test_unsupported_rope_scaling_is_a_typed_error() -> None:
     cfg = replace(CONFIGS["qwen2-tied"], rope_scaling=RopeScaling("longrope", 2.0))
     with pytest.raises(UnsupportedModelError, match="longrope"):

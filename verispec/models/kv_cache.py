@@ -258,6 +258,24 @@ class KVCache:
             span=span,
         )
 
+    def native_step_bounds(self, host_slots: Sequence[int], counts: Sequence[int], num_tokens: int) -> list[int] | None:
+        """For a chain step that a native call plans itself (``Transformer``'s chain pass: it
+        updates ``lengths`` and ``step_start`` as :meth:`begin_step` and :meth:`end_step` do): the
+        host bounds of the slots' lengths, or None when they say ``counts[i]`` more tokens might
+        not fit slot ``host_slots[i]`` (then :meth:`begin_step` looks at the truth). Raises
+        :class:`InputError` for counts outside ``[0, num_tokens]``, as :meth:`begin_step`."""
+        if len(counts) != len(host_slots) or any(not 0 <= n <= num_tokens for n in counts):
+            raise InputError(f"num_new must hold {len(host_slots)} counts in [0, {num_tokens}], got {list(counts)}")
+        if any(self._bound[s] + n > self.max_len for s, n in zip(host_slots, counts, strict=True)):
+            return None
+        return [self._bound[s] for s in host_slots]
+
+    def record_native_step(self, host_slots: Sequence[int], counts: Sequence[int]) -> None:
+        """The host bounds after such a native step, as :meth:`begin_step` leaves them."""
+        for s, n in zip(host_slots, counts, strict=True):
+            self._start_bound[s] = self._bound[s]
+            self._bound[s] += n
+
     def write(self, layer: int, plan: StepPlan, k_new: Tensor, v_new: Tensor) -> None:
         """Store the step's keys/values ``[B, T, H_kv, D]`` of ``layer`` at ``plan.write_pos``
         (in place, one indexed write each; padding lands in the scratch column)."""

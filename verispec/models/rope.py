@@ -156,6 +156,7 @@ class RotaryEmbedding:
                 raise UnsupportedModelError("rope_freqs together with dynamic RoPE scaling is not supported")
             inv_freq = inv_freq / freq_factors.to(torch.float32).cpu()
         self.inv_freq = inv_freq.to(device)  # [D/2] fp32
+        self._tables: dict[tuple[torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}  # (table)
 
     def _inv_freq_on(self, device: torch.device) -> Tensor:
         """The frequency table on ``device`` (moved once if the model was moved)."""
@@ -172,6 +173,24 @@ class RotaryEmbedding:
         base = self.theta * ((factor * seq_len / self.max_position) - (factor - 1)) ** (dim / (dim - 2))  # [B]
         exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).to(torch.float32) / dim
         return (1.0 / (base[:, None] ** exponents[None, :]))[:, None, :]  # [B, 1, D/2]
+
+    def table(self, length: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` ``[P, D]`` in ``dtype`` of positions ``0 .. P - 1``, ``P >= length``: what
+        :meth:`cos_sin` gives each of those positions, element for element (its arithmetic is
+        elementwise; ``tests/unit/test_rope.py`` checks the bits), made once and grown by doubling.
+        For the kernels' native passes, which look each token's rows up by its position. Not for
+        dynamic scaling, whose values depend on the whole step."""
+        if self.kind == "dynamic":
+            raise UnsupportedModelError("dynamic RoPE scaling has no table: its angles depend on each step")
+        key = (dtype, torch.device(device))
+        held = self._tables.get(key)
+        if held is None or held[0].shape[0] < length:
+            size = max(length, 2 * held[0].shape[0] if held is not None else 0, 1)
+            positions = torch.arange(size, dtype=torch.int64, device=key[1])[None, :]  # [1, P]
+            cos, sin = self.cos_sin(positions, dtype)  # [1, P, 1, D] each
+            held = (cos.reshape(size, self.dim).contiguous(), sin.reshape(size, self.dim).contiguous())
+            self._tables[key] = held
+        return held
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``positions`` ``[B, T]`` int64 -> ``(cos, sin)``, each ``[B, T, 1, D]`` in ``dtype``

@@ -25,7 +25,10 @@ padding tokens neither see nor are seen by real tokens and
 are written to the cache's scratch column. New keys/values are appended in place to the static
 :class:`~verispec.models.kv_cache.KVCache` before attention, which then reads positions
 ``[0, span)`` of the buffers under a mask built once per step and shared by all layers (as in
-gpt-fast). The forward pass never synchronises with the device.
+gpt-fast). The forward pass never synchronises with the device. On verispec's CPU kernels a
+chain pass (no positions, no mask, not a prompt's chunk: plain decoding, chain verification, a
+draft model's passes) is one native call, step plan and LM head included, with RoPE's rows looked
+up in a table of every position (:meth:`Transformer._chain_natively`).
 
 Weights are a plain module tree with Hugging Face names (``model.layers.N.self_attn.q_proj.weight``,
 ...), so a transformers state dict loads as is. The model holds no per-request state: everything a
@@ -242,6 +245,7 @@ class Transformer(nn.Module):
         #: decoder layers on verispec's CPU kernels (see :meth:`_move_to_cpu_kernels`)
         self.cpu_kernels = False
         self._native_layers: Any = None  # the kernels' one-call layer loop, when every layer allows it
+        self._native_head: Any = None  # the kernels' Projection of the LM head, when it is packed
         if cpu_kernels:
             self._move_to_cpu_kernels()
 
@@ -350,6 +354,7 @@ class Transformer(nn.Module):
         kernels cannot run here."""
         from verispec.kernels import load
         from verispec.kernels.hugepages import move_to_huge_pages
+        from verispec.kernels.linear import native_projection
 
         if self.dtype != torch.bfloat16 or self.device.type != "cpu":
             return
@@ -365,6 +370,7 @@ class Transformer(nn.Module):
         self.cpu_kernels = True
         move_to_huge_pages(self)
         self._native_layers = self._native_layer_loop()
+        self._native_head = None if self.lm_head is None else native_projection(self.lm_head)
 
     def _native_layer_loop(self) -> Any:
         """Every decoder layer as one kernel call per forward pass (``Layers.forward`` in
@@ -551,6 +557,10 @@ class Transformer(nn.Module):
             )
         if logits_at is not None and (logits_at.dim() != 2 or logits_at.shape[0] != b):
             raise InputError(f"logits_at must be [B, N] int64 with B={b}, got {tuple(logits_at.shape)}")
+        if positions is None and attn_mask is None and not prefill and not isinstance(num_new, Tensor):
+            native = self._chain_natively(tokens, cache, num_new, slots, logits_at)
+            if native is not None:
+                return native
         with torch.inference_mode():
             plan = cache.begin_step(slots, t, b, num_new)
             if positions is None:
@@ -572,12 +582,53 @@ class Transformer(nn.Module):
                     h = h + layer.mlp(layer.post_attention_layernorm(h))
                 h = self.model.norm(h)  # [B, T, C]
             cache.end_step(plan)
-            if logits_at is not None and logits_at.shape[1] == 0:  # hidden states only (a restricted draft head)
-                return ForwardOutput(logits=h.new_empty((b, 0, self.config.vocab_size), dtype=torch.float32), hidden=h)
-            picked = h if logits_at is None else h.gather(1, logits_at[:, :, None].expand(-1, -1, h.shape[-1]))
-            head = self.lm_head
-            scores = head(picked) if head is not None else dense_linear(picked, self.model.embed_tokens.weight)
-            logits = scores.to(torch.float32)  # [B, N, V] fp32
+            return ForwardOutput(logits=self._logits(h, logits_at), hidden=h)
+
+    def _logits(self, h: Tensor, logits_at: Tensor | None) -> Tensor:  # h [B, T, C] -> [B, N, V] fp32
+        """The LM head at ``logits_at`` (see :meth:`forward_with_hidden`) of the final norm ``h``."""
+        if logits_at is not None and logits_at.shape[1] == 0:  # hidden states only (a restricted draft head)
+            return h.new_empty((h.shape[0], 0, self.config.vocab_size), dtype=torch.float32)
+        picked = h if logits_at is None else h.gather(1, logits_at[:, :, None].expand(-1, -1, h.shape[-1]))
+        head = self.lm_head
+        scores = head(picked) if head is not None else dense_linear(picked, self.model.embed_tokens.weight)
+        return scores.to(torch.float32)  # [B, N, V] fp32
+
+    def _chain_natively(
+        self,
+        tokens: Tensor,
+        cache: KVCache,
+        num_new: Sequence[int] | None,
+        slots: Sequence[int] | None,
+        logits_at: Tensor | None,
+    ) -> ForwardOutput | None:
+        """:meth:`forward_with_hidden`'s chain pass (no positions, no mask, not a prompt's chunk)
+        in one native call, ``Layers.chain`` (``csrc/bindings.cpp``: the embedding, the first
+        norm, every layer, the LM head and the logits' cast, with RoPE's rows from
+        :meth:`RotaryEmbedding.table`, and the cache's lengths updated as ``begin_step`` /
+        ``end_step`` update them): the same pass, bit for bit, without ~0.6 ms of Python and torch
+        calls around the layers. None where it does not run (:meth:`can_draft`'s conditions), or
+        where the cache's host bounds say the tokens might not fit: then the general path, which
+        looks at the truth."""
+        if not self.can_draft(cache):
+            return None
+        b, t = tokens.shape
+        host, rows = cache.resolve_slots(slots, b)
+        counts = [t] * b if num_new is None else [int(n) for n in num_new]
+        bounds = cache.native_step_bounds(host, counts, t)
+        if bounds is None:
+            return None
+        cos, sin = self.rope.table(cache.max_len, self.dtype)  # [P, D] each
+        first = self.model.layers[0]
+        assert isinstance(first, DecoderLayer)
+        with torch.inference_mode():
+            h, logits = self._native_layers.chain(
+                tokens.to(torch.int64).contiguous(), torch.tensor(counts, dtype=torch.int64), rows, cache.lengths,
+                cache.step_start, torch.tensor(bounds, dtype=torch.int64), cache.k, cache.v,
+                self.model.embed_tokens.weight, first.input_layernorm.weight, cos, sin, self._native_head, logits_at,
+            )  # fmt: skip
+            cache.record_native_step(host, counts)
+            if self._native_head is None:
+                logits = self._logits(h, logits_at)
         return ForwardOutput(logits=logits, hidden=h)
 
     def can_draft(self, cache: KVCache) -> bool:
@@ -630,15 +681,12 @@ class Transformer(nn.Module):
         for s, held, add in zip(host, bound, adds, strict=True):
             if held + add > cache.max_len:
                 raise InputError(f"KV cache overflow: slot {s} cannot hold {add} more (max_len={cache.max_len})")
-        a, t0, d = len(host), max(len(p) for p in pieces), self.config.head_dim
-        width = t0 + max(limits) - 1
+        a, t0 = len(host), max(len(p) for p in pieces)
         tokens = torch.zeros((a, t0), dtype=torch.int64)  # [A, T0], right-padded with 0 (as a pass pads)
         for row, piece in enumerate(pieces):
             tokens[row, : len(piece)] = torch.tensor(list(piece), dtype=torch.int64)
         with torch.inference_mode():
-            offsets = torch.arange(width, dtype=torch.int64)  # [W]
-            positions = cache.lengths.index_select(0, rows)[:, None] + offsets[None, :]  # [A, W]
-            cos, sin = self.rope.cos_sin(positions, self.dtype)  # [A, W, 1, D]: a pass's values, elementwise
+            cos, sin = self.rope.table(cache.max_len, self.dtype)  # [P, D] each: a pass's values, elementwise
             first = self.model.layers[0]
             assert isinstance(first, DecoderLayer)
             counts = torch.tensor([len(p) for p in pieces], dtype=torch.int64)  # [A]
@@ -648,8 +696,7 @@ class Transformer(nn.Module):
             drafted, fed, laws = self._native_layers.draft(
                 tokens, counts, rows, cache.lengths, torch.tensor(bound, dtype=torch.int64), cache.k, cache.v,
                 torch.tensor(list(limits), dtype=torch.int64), self.model.embed_tokens.weight,
-                first.input_layernorm.weight, cos.reshape(a, width, d).contiguous(),
-                sin.reshape(a, width, d).contiguous(), head, head_ids, more, more_ids, blocked, keep,
+                first.input_layernorm.weight, cos, sin, head, head_ids, more, more_ids, blocked, keep,
                 rules, merge, draw,
             )  # fmt: skip
         appended = [int(n) for n in fed.tolist()]

@@ -747,6 +747,25 @@ struct PassBuffers {
   at::Tensor qkv, q_rot, k_rot, attn, o_out, gate_up, act, down_out, scratch;
 };
 
+// One chain pass of m rows of t new tokens each: KVCache.begin_step's plan for a pass of
+// Transformer.forward_with_hidden without positions or a mask. Row r's token q is token[r t + q],
+// real for q < real[r] (the rest padding: token 0, its keys to the cache's scratch column, its
+// query seeing position 0), at position start[r] + q of cache row slot[r] (RoPE's too); attention
+// reads span positions.
+struct ChainPass {
+  int64_t m = 0, t = 0, span = 0;
+  std::vector<int64_t> token, slot, real, start;
+};
+
+// What every chain pass of a model reads: the embedding [V, C] and the first layer's input norm
+// [C], bf16; RoPE's cos and sin [P, D] bf16 of positions 0 .. P - 1 (P at least the cache's
+// positions, padding's included), checked by chain_inputs.
+struct ChainInputs {
+  const uint16_t *embed, *first_norm, *cos, *sin;
+  int64_t vocab, positions;
+  at::TensorOptions bf16;
+};
+
 struct Layers {
   std::vector<Layer> layers;
   int64_t heads, kv_heads, head_dim, inter, hidden;
@@ -918,6 +937,16 @@ struct Layers {
     return out;
   }
 
+  // One chain pass (below): the embedding, the first norm and every layer, its inputs built here.
+  at::Tensor chain_pass(const ChainPass& p, const ChainInputs& in, at::Tensor& kc, at::Tensor& vc) const;
+
+  // A chain pass of Transformer.forward_with_hidden in one call (defined below).
+  std::tuple<at::Tensor, at::Tensor> chain(const at::Tensor& tokens, const at::Tensor& counts, const at::Tensor& slots,
+                                           at::Tensor& lengths, at::Tensor& step_start, const at::Tensor& bounds,
+                                           at::Tensor& kc, at::Tensor& vc, const at::Tensor& embed,
+                                           const at::Tensor& first_norm, const at::Tensor& cos, const at::Tensor& sin,
+                                           const Projection* head, const c10::optional<at::Tensor>& logits_at) const;
+
   // The drafting loop (defined below the picks).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> draft(
       const at::Tensor& tokens, const at::Tensor& counts, const at::Tensor& slots, const at::Tensor& lengths,
@@ -1025,14 +1054,147 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sampled_pick(const at::Tensor& sc
   return {col, law, ok};
 }
 
+// ------------------------------------------------------------------------------------ chain passes
+
+// Checks what every chain pass reads (ChainInputs) for layers of hidden size c and head size d
+// over caches of kc's positions.
+ChainInputs chain_inputs(const at::Tensor& embed, const at::Tensor& first_norm, const at::Tensor& cos,
+                         const at::Tensor& sin, int64_t c, int64_t d, const at::Tensor& kc) {
+  check_bf16_cpu(embed, "the embedding");
+  check_bf16_cpu(first_norm, "the first norm");
+  TORCH_CHECK(embed.dim() == 2 && embed.size(1) == c && embed.is_contiguous(), "the embedding must be [V, ", c, "]");
+  TORCH_CHECK(first_norm.numel() == c && first_norm.is_contiguous(), "the first norm must be [", c, "]");
+  const int64_t positions = cos.dim() == 2 ? cos.size(0) : 0;
+  for (const at::Tensor* t : {&cos, &sin}) {
+    check_bf16_cpu(*t, "cos and sin");
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == positions && t->size(1) == d && t->is_contiguous(),
+                "cos and sin must be contiguous [P, ", d, "]");
+  }
+  TORCH_CHECK(kc.dim() == 5 && positions >= kc.size(3) - 1, "RoPE's tables must cover the cache's ", kc.size(3) - 1,
+              " positions, got ", positions);
+  return {bf16_pointer(embed), bf16_pointer(first_norm), bf16_pointer(cos), bf16_pointer(sin), embed.size(0),
+          positions, embed.options()};
+}
+
+// The pass's inputs built row by row (the embedding's rows, RoPE's rows at each token's position,
+// where its keys go, the causal visibility), then the first norm and every layer (forward) -> the
+// final norm [m t, C]: the same operations, in the same order, as Transformer.forward_with_hidden's
+// pass on the kernels.
+at::Tensor Layers::chain_pass(const ChainPass& p, const ChainInputs& in, at::Tensor& kc, at::Tensor& vc) const {
+  const int64_t m = p.m, t = p.t, c = hidden, d = head_dim, max_len = kc.size(3) - 1;
+  at::Tensor h = at::empty({m * t, c}, in.bf16), x = at::empty({m * t, c}, in.bf16);
+  at::Tensor cs = at::empty({m * t, d}, in.bf16), sn = at::empty({m * t, d}, in.bf16);
+  at::Tensor rows = at::empty({m}, at::kLong), write_pos = at::empty({m, t}, at::kLong);
+  int64_t* wp = write_pos.data_ptr<int64_t>();
+  for (int64_t r = 0; r < m; ++r) {
+    rows.data_ptr<int64_t>()[r] = p.slot[r];
+    for (int64_t q = 0; q < t; ++q) {
+      const int64_t row = r * t + q, position = std::min(p.start[r] + q, in.positions - 1);  // (padding's: unread)
+      std::memcpy(bf16_pointer_mut(h) + row * c, in.embed + p.token[row] * c, 2 * c);
+      std::memcpy(bf16_pointer_mut(cs) + row * d, in.cos + position * d, 2 * d);
+      std::memcpy(bf16_pointer_mut(sn) + row * d, in.sin + position * d, 2 * d);
+      wp[row] = q < p.real[r] ? p.start[r] + q : max_len;
+    }
+  }
+  at::Tensor visible = at::empty({m, t, p.span}, at::kBool);  // causal; a padding query sees position 0
+  bool* vis = visible.data_ptr<bool>();
+  for (int64_t row = 0; row < m * t; ++row)
+    for (int64_t j = 0; j < p.span; ++j) vis[row * p.span + j] = wp[row] == max_len ? j == 0 : j <= wp[row];
+  rms_norm_at(bf16_pointer_mut(h), nullptr, in.first_norm, bf16_pointer_mut(x), m * t, c, eps);
+  return forward(h, x, cs, sn, kc, vc, rows, write_pos, p.span, visible, false);  // [m t, C]
+}
+
+// A chain pass in one call: Transformer.forward_with_hidden with no positions, no mask, not a
+// prompt's chunk, without its ~0.6 ms of Python and torch calls around the layers. Row b appends
+// tokens[b, :counts[b]] to cache row slots[b] at its length (lengths[slots[b]]; the rest of the row
+// is padding, as KVCache pads it), then the head at the offsets logits_at [B, N] (None: every
+// offset), widened to fp32; last, step_start[slot] = that length and lengths[slot] += count
+// (KVCache.begin_step's and end_step's updates; nothing changes when a check fails).
+//   tokens [B, T] int64, counts [B] in [0, T]; slots [B] distinct; lengths, step_start [S] int64;
+//   bounds [B]: the host's bounds of the rows' lengths (they set the span as KVCache.begin_step
+//   does); embed, first_norm, cos, sin: chain_inputs; head (or None).
+// -> (the final norm [B, T, C] bf16, logits [B, N, V] fp32: [0] without a head).
+std::tuple<at::Tensor, at::Tensor> Layers::chain(const at::Tensor& tokens, const at::Tensor& counts,
+                                                 const at::Tensor& slots, at::Tensor& lengths, at::Tensor& step_start,
+                                                 const at::Tensor& bounds, at::Tensor& kc, at::Tensor& vc,
+                                                 const at::Tensor& embed, const at::Tensor& first_norm,
+                                                 const at::Tensor& cos, const at::Tensor& sin, const Projection* head,
+                                                 const c10::optional<at::Tensor>& logits_at) const {
+  const ChainInputs in = chain_inputs(embed, first_norm, cos, sin, hidden, head_dim, kc);
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) >= 1 && tokens.size(1) >= 1, "tokens must be [B, T], B, T >= 1");
+  const int64_t b = tokens.size(0), t = tokens.size(1), max_len = kc.size(3) - 1;
+  for (const at::Tensor* v : std::initializer_list<const at::Tensor*>{&tokens, &counts, &slots, &lengths, &step_start,
+                                                                      &bounds})
+    TORCH_CHECK(v->scalar_type() == at::kLong && v->is_contiguous() && v->device().is_cpu(),
+                "tokens, counts, slots, lengths, step_start and bounds must be contiguous int64 CPU tensors");
+  for (const at::Tensor* v : {&counts, &slots, &bounds})
+    TORCH_CHECK(v->numel() == b, "counts, slots and bounds need one value a row");
+  TORCH_CHECK(step_start.numel() == lengths.numel(), "step_start must be as long as lengths");
+  const int64_t *tok = tokens.data_ptr<int64_t>(), *count = counts.data_ptr<int64_t>();
+  const int64_t *slot = slots.data_ptr<int64_t>(), *bound = bounds.data_ptr<int64_t>();
+  int64_t* len = lengths.data_ptr<int64_t>();
+  ChainPass p{b, t, 0, std::vector<int64_t>(b * t, 0), {}, {}, {}};
+  for (int64_t r = 0; r < b; ++r) {
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < lengths.numel() && slot[r] < kc.size(1), "cache row out of range");
+    for (int64_t o = 0; o < r; ++o) TORCH_CHECK(slot[o] != slot[r], "slots must be distinct");
+    TORCH_CHECK(count[r] >= 0 && count[r] <= t, "each row's count must be in [0, T]");
+    TORCH_CHECK(len[slot[r]] >= 0 && len[slot[r]] <= bound[r] && bound[r] + count[r] <= max_len,
+                "the cache cannot hold ", count[r], " more tokens in row ", slot[r]);
+    for (int64_t q = 0; q < count[r]; ++q) {
+      const int64_t id = tok[r * t + q];
+      TORCH_CHECK_INDEX(id >= 0 && id < in.vocab, "token ", id, " is outside the embedding of ", in.vocab);
+      p.token[r * t + q] = id;
+    }
+    p.slot.push_back(slot[r]);
+    p.real.push_back(count[r]);
+    p.start.push_back(len[slot[r]]);
+    p.span = std::max(p.span, std::min(max_len, bound[r] + count[r]));
+  }
+  const int64_t n = logits_at ? logits_at->size(1) : t;
+  if (logits_at) {
+    TORCH_CHECK(logits_at->scalar_type() == at::kLong && logits_at->dim() == 2 && logits_at->size(0) == b,
+                "logits_at must be [B, N] int64");
+    const at::Tensor at_c = logits_at->contiguous();
+    const int64_t* offsets = at_c.data_ptr<int64_t>();
+    for (int64_t i = 0; i < b * n; ++i)
+      TORCH_CHECK_INDEX(offsets[i] >= 0 && offsets[i] < t, "logits_at's offsets must be in [0, ", t, ")");
+  }
+  const at::Tensor out = chain_pass(p, in, kc, vc);  // [B T, C]
+  at::Tensor logits = at::empty({0}, at::kFloat);
+  if (head != nullptr) {
+    TORCH_CHECK(head->takes(hidden), "the head must take ", hidden, " inputs");
+    at::Tensor picked = out;  // [B N, C]: the rows at logits_at
+    if (logits_at) {
+      const at::Tensor offsets = logits_at->contiguous();
+      picked = at::empty({b * n, hidden}, in.bf16);
+      for (int64_t r = 0; r < b; ++r)
+        for (int64_t j = 0; j < n; ++j)
+          std::memcpy(bf16_pointer_mut(picked) + (r * n + j) * hidden,
+                      bf16_pointer(out) + (r * t + offsets.data_ptr<int64_t>()[r * n + j]) * hidden, 2 * hidden);
+    }
+    at::Tensor scores = at::empty({b * n, head->n}, in.bf16);  // [B N, V]
+    if (b * n > 0) {
+      at::Tensor scratch = scratch_of(head->scratch_bytes(b * n, hidden, false));
+      head->run(bf16_pointer(picked), b * n, hidden, bf16_pointer_mut(scores), scratch.data_ptr<uint8_t>(), false);
+    }
+    logits = scores.to(at::kFloat).view({b, n, head->n});
+  }
+  int64_t* start = step_start.data_ptr<int64_t>();
+  for (int64_t r = 0; r < b; ++r) {
+    start[slot[r]] = len[slot[r]];
+    len[slot[r]] += count[r];
+  }
+  return {out.view({b, t, hidden}), logits};
+}
+
 // ------------------------------------------------------------------------------------ drafting
 
 // The drafting loop of verispec.drafters.model: one call for a whole proposal. Pass
 // 0 appends each row's pending tokens (tokens[a, :counts[a]]: the last committed one, and the last
 // draft token when the target accepted the whole draft; the rows right-padded as KVCache pads
 // them: padding keys to the scratch column, padding queries seeing position 0), every later pass
-// the row's token of the pass before. Per pass: the embedding, the first layer's input norm,
-// every layer (forward), at each row's last token the restricted head (and the head of the
+// the row's token of the pass before. Per pass: chain_pass (the embedding, the first layer's
+// input norm, every layer), at each row's last token the restricted head (and the head of the
 // request's own ids, `more`), its token and confidence, then `keep(a, i, confidence)` (None:
 // always) says whether row a drafts on after its token of pass i.
 // Greedy (rules None): the token is the greedy pick of the heads' scores (pick_greedy); the same
@@ -1048,9 +1210,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sampled_pick(const at::Tensor& sc
 //   tokens [A, T0] int64, counts [A] in [1, T0]; slots [A]: the rows' cache rows; lengths: the
 //   cache's lengths (read: the caller advances them by the result's fed); bounds [A]: the host's
 //   bounds of those lengths (KVCache: they set the attention's span as a Python pass has it);
-//   limits [A] >= 1: the most tokens each row may draft; embed [V, C] and first_norm [C] bf16;
-//   cos, sin [A, W, D] bf16: RoPE at row a's positions lengths + w, W >= T0 + the largest limit
-//   - 1; head over head_ids [H]; more (or None) over more_ids [E], blocked [A, E] bool (or None).
+//   limits [A] >= 1: the most tokens each row may draft; embed, first_norm, cos, sin: chain_inputs
+//   (RoPE's tables of every position); head over head_ids [H]; more (or None) over more_ids [E],
+//   blocked [A, E] bool (or None).
 // -> (drafted [A, L] int64, L the largest limit: the token of pass i, -1 where the row drafted
 // none; fed [A] int64: the tokens each row appended to its cache; laws [A, L, W] fp32, W = H + E,
 // in merged column order: the law each token was drawn from (zero where none; [0] when greedy)).
@@ -1061,7 +1223,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Layers::draft(
     const at::Tensor& head_ids, const Projection* more, const c10::optional<at::Tensor>& more_ids,
     const c10::optional<at::Tensor>& blocked, const py::object& keep, const c10::optional<at::Tensor>& rules,
     const c10::optional<at::Tensor>& merge, const py::object& draw) const {
-  const int64_t c = hidden, d = head_dim;
+  const int64_t c = hidden;
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) >= 1 && tokens.size(1) >= 1, "tokens must be [A, T0], A, T0 >= 1");
   const int64_t a_rows = tokens.size(0), t0 = tokens.size(1);
   for (const at::Tensor* t : {&tokens, &counts, &slots, &limits, &lengths, &bounds})
@@ -1069,16 +1231,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Layers::draft(
                 "tokens, counts, slots, limits, lengths and bounds must be contiguous int64 CPU tensors");
   for (const at::Tensor* t : {&counts, &slots, &limits, &bounds})
     TORCH_CHECK(t->numel() == a_rows, "counts, slots, bounds and limits need one value a row");
-  check_bf16_cpu(embed, "the embedding");
-  check_bf16_cpu(first_norm, "the first norm");
-  TORCH_CHECK(embed.dim() == 2 && embed.size(1) == c && embed.is_contiguous(), "the embedding must be [V, ", c, "]");
-  TORCH_CHECK(first_norm.numel() == c && first_norm.is_contiguous(), "the first norm must be [", c, "]");
-  const int64_t width = cos.dim() == 3 ? cos.size(1) : 0;
-  for (const at::Tensor* t : {&cos, &sin}) {
-    check_bf16_cpu(*t, "cos and sin");
-    TORCH_CHECK(t->dim() == 3 && t->size(0) == a_rows && t->size(1) == width && t->size(2) == d && t->is_contiguous(),
-                "cos and sin must be contiguous [A, W, ", d, "]");
-  }
+  const ChainInputs in = chain_inputs(embed, first_norm, cos, sin, c, head_dim, kc);
   TORCH_CHECK(head.k == c && head_ids.scalar_type() == at::kLong && head_ids.is_contiguous() &&
                   head_ids.numel() == head.n,
               "the head must take ", c, " inputs and name each of its outputs' ids (head_ids [", head.n, "])");
@@ -1117,10 +1270,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Layers::draft(
   for (int64_t a = 0; a < a_rows; ++a) {
     TORCH_CHECK(count[a] >= 1 && count[a] <= t0, "each row's count must be in [1, T0]");
     for (int64_t q = 0; q < count[a]; ++q)
-      TORCH_CHECK(tok[a * t0 + q] >= 0 && tok[a * t0 + q] < embed.size(0), "token ", tok[a * t0 + q],
+      TORCH_CHECK(tok[a * t0 + q] >= 0 && tok[a * t0 + q] < in.vocab, "token ", tok[a * t0 + q],
                   " is outside the embedding");
     TORCH_CHECK(slot[a] >= 0 && slot[a] < lengths.numel() && slot[a] < kc.size(1), "cache row out of range");
-    TORCH_CHECK(limit[a] >= 1 && count[a] + limit[a] - 1 <= width, "each row's limit must be >= 1, with RoPE for it");
+    TORCH_CHECK(limit[a] >= 1, "each row's limit must be >= 1");
     TORCH_CHECK(len[slot[a]] >= 0 && len[slot[a]] <= bound[a] && bound[a] + count[a] + limit[a] - 1 <= max_len,
                 "the cache cannot hold ", count[a] + limit[a] - 1, " more tokens in row ", slot[a]);
     most = std::max(most, limit[a]);
@@ -1139,9 +1292,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Layers::draft(
   int64_t* out_fed = fed.data_ptr<int64_t>();
   std::vector<int64_t> active(a_rows), last(a_rows);
   for (int64_t a = 0; a < a_rows; ++a) active[a] = a;
-  const auto* emb = bf16_pointer(embed);
-  const auto* cos_p = bf16_pointer(cos);
-  const auto* sin_p = bf16_pointer(sin);
   // the heads' inputs, outputs and scratch, for the most rows a pass has (one a row)
   int64_t scratch_bytes = 1;
   for (int64_t m = 1; m <= a_rows; ++m) {
@@ -1205,30 +1355,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Layers::draft(
     std::vector<PickResult> picks(m);
     {
       py::gil_scoped_release no_gil;  // (a server's event loop runs meanwhile; only keep needs Python)
-      at::Tensor h = at::empty({m * t, c}, bf16), x = at::empty({m * t, c}, bf16);
-      at::Tensor cs = at::empty({m * t, d}, bf16), sn = at::empty({m * t, d}, bf16);
-      at::Tensor rows = at::empty({m}, longs), write_pos = at::empty({m, t}, longs);
-      int64_t* wp = write_pos.data_ptr<int64_t>();
-      int64_t span = 0;
+      ChainPass p{m, t, 0, std::vector<int64_t>(m * t, 0), {}, {}, {}};
       for (int64_t r = 0; r < m; ++r) {
         const int64_t a = active[r], first = i == 0 ? 0 : count[a] + i - 1;  // the pass's first offset
-        rows.data_ptr<int64_t>()[r] = slot[a];
-        for (int64_t q = 0; q < t; ++q) {
-          const bool real = q < (i == 0 ? count[a] : 1);  // (padding: token 0, its keys to the scratch column)
-          const int64_t token = i > 0 ? last[a] : real ? tok[a * t0 + q] : 0, row = r * t + q;
-          std::memcpy(bf16_pointer_mut(h) + row * c, emb + token * c, 2 * c);
-          std::memcpy(bf16_pointer_mut(cs) + row * d, cos_p + (a * width + first + q) * d, 2 * d);
-          std::memcpy(bf16_pointer_mut(sn) + row * d, sin_p + (a * width + first + q) * d, 2 * d);
-          wp[row] = real ? len[slot[a]] + first + q : max_len;
-        }
-        span = std::max(span, std::min(max_len, bound[a] + count[a] + i));  // (KVCache.begin_step's span)
+        p.slot.push_back(slot[a]);
+        p.real.push_back(i == 0 ? count[a] : 1);
+        p.start.push_back(len[slot[a]] + first);
+        for (int64_t q = 0; q < p.real[r]; ++q) p.token[r * t + q] = i > 0 ? last[a] : tok[a * t0 + q];
+        p.span = std::max(p.span, std::min(max_len, bound[a] + count[a] + i));  // (KVCache.begin_step's span)
       }
-      at::Tensor visible = at::empty({m, t, span}, at::kBool);  // causal; a padding query sees position 0
-      bool* vis = visible.data_ptr<bool>();
-      for (int64_t row = 0; row < m * t; ++row)
-        for (int64_t j = 0; j < span; ++j) vis[row * span + j] = wp[row] == max_len ? j == 0 : j <= wp[row];
-      rms_norm_at(bf16_pointer_mut(h), nullptr, bf16_pointer(first_norm), bf16_pointer_mut(x), m * t, c, eps);
-      const at::Tensor out = forward(h, x, cs, sn, kc, vc, rows, write_pos, span, visible, false);  // [m t, C]
+      const at::Tensor out = chain_pass(p, in, kc, vc);  // [m t, C]
       for (int64_t r = 0; r < m; ++r) {  // each row's last token's
         const int64_t q = i == 0 ? count[active[r]] - 1 : 0;
         std::memcpy(bf16_pointer_mut(picked_rows) + r * c, bf16_pointer(out) + (r * t + q) * c, 2 * c);
@@ -1379,6 +1515,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
            py::arg("rows"), py::arg("write_pos"), py::arg("span"), py::arg("visible"), py::arg("prefill") = false,
            no_gil)
+      .def("chain", &verispec::Layers::chain,
+           "tokens [B, T], counts [B], slots [B], lengths, step_start, bounds [B], k_cache, v_cache, embed, "
+           "first_norm, cos [P, D], sin [P, D], head, logits_at -> (the final norm [B, T, C], logits [B, N, V] fp32): "
+           "a chain pass in one call (lengths and step_start updated as KVCache.begin_step / end_step do)",
+           py::arg("tokens"), py::arg("counts"), py::arg("slots"), py::arg("lengths"), py::arg("step_start"),
+           py::arg("bounds"), py::arg("k_cache"), py::arg("v_cache"), py::arg("embed"), py::arg("first_norm"),
+           py::arg("cos"), py::arg("sin"), py::arg("head"), py::arg("logits_at") = py::none(), no_gil)
       .def("draft", &verispec::Layers::draft,
            "tokens, counts, slots, lengths, bounds, k_cache, v_cache, limits, embed, first_norm, cos, sin, head, "
            "head_ids, more, more_ids, blocked, keep, rules, merge, draw -> (drafted [A, L], fed [A], laws [A, L, W]): "
