@@ -11,7 +11,10 @@ builds), ``composite-before`` (the composite as it was before its lookups drafte
 policy gave the model none, and before the policy kept them out of the model's acceptance),
 ``ngram-composite`` (the composite with prompt lookup instead of the suffix lookup, as it was
 before), ``suffix``, ``ngram``; ``model-python-loop`` and ``composite-python-loop``: those drafters
-drafting in Python's loop instead of one native call a proposal (as before it). Printed
+drafting in Python's loop instead of one native call a proposal (as before it);
+``plain-general-pass``, ``model-general-pass``, ``composite-general-pass``: every model pass by the
+general path (the step planned in Python and torch around ``Layers.forward``), as before a chain
+pass ran in one native call (``Layers.chain``). Printed
 per prompt: each configuration's tok/s, and how many of its decode steps drafted and how many of
 those drafts a lookup made for free; reported per configuration: the median tok/s, and the median
 and geometric mean of its per-prompt ratio to the first configuration.
@@ -37,10 +40,23 @@ from verispec.pipeline import Pipeline, build, machine_defaults
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 CONFIGS = ("plain", "model", "composite", "composite-before", "ngram-composite", "suffix", "ngram",
-           "model-python-loop", "composite-python-loop")  # fmt: skip
+           "model-python-loop", "composite-python-loop", "plain-general-pass", "model-general-pass",
+           "composite-general-pass")  # fmt: skip
 
 
 def engine_for(name: str, k: int | None = None) -> Pipeline:
+    if name.endswith("-general-pass"):  # every pass by the general path, as before chain passes ran in one call
+        pipe = engine_for(name.removesuffix("-general-pass"), k)
+        drafter = pipe.engine.drafter
+        models = [
+            pipe.engine.target,
+            getattr(drafter, "model", None),
+            getattr(getattr(drafter, "model", None), "model", None),
+        ]
+        for model in models:
+            if hasattr(model, "_chain_natively"):
+                model._chain_natively = lambda *args: None  # type: ignore[union-attr]
+        return pipe
     picked = machine_defaults(TARGET, DRAFT, "cpu")
     if name in ("plain", "suffix", "ngram"):
         return build(TARGET, None, drafter="none" if name == "plain" else name, dtype=picked.dtype, max_batch=1,

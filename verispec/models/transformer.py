@@ -632,8 +632,9 @@ class Transformer(nn.Module):
         return ForwardOutput(logits=logits, hidden=h)
 
     def can_draft(self, cache: KVCache) -> bool:
-        """Whether :meth:`draft` runs here: every decoder layer in one native call, a bf16
-        cache and embedding table, and RoPE by position alone (dynamic scaling looks at the whole step)."""
+        """Whether :meth:`draft` (and a chain pass in one call, :meth:`_chain_natively`) runs here:
+        every decoder layer in one native call, a bf16 cache and embedding table, and RoPE by
+        position alone (dynamic scaling looks at the whole step)."""
         embed = self.model.embed_tokens.weight
         native = self._native_layers is not None and self.rope.kind != "dynamic"
         return native and cache.k.dtype == embed.dtype == torch.bfloat16 and embed.is_contiguous()
