@@ -49,10 +49,11 @@ def timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
 
 
 class _Timed:
-    """A stand-in for the model's native layers that times their forward."""
+    """A stand-in for the model's native layers that times their forward and chain passes."""
 
     def __init__(self, inner: Any, into: list[float]) -> None:
         self.forward = timed(inner.forward, into)
+        self.chain = timed(inner.chain, into)
         self.draft = inner.draft
 
 
