@@ -4,7 +4,8 @@ On a shared machine the speed of memory and cores moves by 20-50% from minute to
 runs (before, after) measured one after the other compare the machine's moods as much as the
 code. This benchmark builds the kernel sources (``verispec/kernels/csrc``) of a git revision
 ``--base`` next to the working tree's, loads the same model twice in one process, one on each
-module (the Python code is the working tree's for both: the base's C++ must accept its calls), and
+module (the Python code is the working tree's for both: the base's C++ must accept its calls; a
+base without ``Layers.chain`` sends both models' passes down the general path), and
 times passes of T new tokens after ``--context`` cached ones, the two models taking turns every
 few passes. Reported: each model's median ms per pass at every width, and per round the ratio
 new / old of the two medians, whose median is the figure that counts (below 1: the new kernels
@@ -116,6 +117,11 @@ def main() -> None:
         for name in ("new", "old"):
             switch(name)
             models[name] = load_model(spec, dtype=args.precision)
+        if any(not hasattr(m.model._native_layers, "chain") for m in models.values()):  # (a base before Layers.chain)
+            print("# the base has no Layers.chain: both models run their chain passes by the general path",
+                  file=sys.stderr)  # fmt: skip
+            for loaded in models.values():
+                loaded.model._chain_natively = lambda *args: None
         gen = torch.Generator().manual_seed(0)
         vocab = models["new"].config.vocab_size
         prompt = torch.randint(0, vocab, (1, args.context), generator=gen)
