@@ -620,14 +620,16 @@ class Transformer(nn.Module):
         cos, sin = self.rope.table(cache.max_len, self.dtype)  # [P, D] each
         first = self.model.layers[0]
         assert isinstance(first, DecoderLayer)
+        hidden_only = logits_at is not None and logits_at.shape[1] == 0
+        head = None if hidden_only else self._native_head  # (None: _logits below)
         with torch.inference_mode():
             h, logits = self._native_layers.chain(
                 tokens.to(torch.int64).contiguous(), torch.tensor(counts, dtype=torch.int64), rows, cache.lengths,
                 cache.step_start, torch.tensor(bounds, dtype=torch.int64), cache.k, cache.v,
-                self.model.embed_tokens.weight, first.input_layernorm.weight, cos, sin, self._native_head, logits_at,
+                self.model.embed_tokens.weight, first.input_layernorm.weight, cos, sin, head, logits_at,
             )  # fmt: skip
             cache.record_native_step(host, counts)
-            if self._native_head is None:
+            if head is None:
                 logits = self._logits(h, logits_at)
         return ForwardOutput(logits=logits, hidden=h)
 
