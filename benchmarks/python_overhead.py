@@ -7,10 +7,9 @@ paths of the same pass, alternated:
 
 - ``native``: what a chain pass runs, ``Layers.chain`` (``csrc/bindings.cpp``): the embedding, the
   first norm, every decoder layer, the LM head and the logits' cast in one call;
-- ``general``: the pass given its positions (which sends it down the general path, as a tree's or a
-  prompt's pass goes): the step plan, the embedding lookup, RoPE's tables, the visibility mask,
-  the first RMSNorm in Python and torch, ``Layers.forward`` (every decoder layer, one call), the LM
-  head's projection, the logits' cast.
+- ``general``: the same pass down the general path (as a prompt's chunk goes): the step plan, the
+  embedding lookup, RoPE's tables, the visibility mask, the first RMSNorm in Python and torch,
+  ``Layers.forward`` (every decoder layer, one call), the LM head's projection, the logits' cast.
 
 Inside each pass it times the native calls that do the work (``Layers.chain``; or
 ``Layers.forward`` and the LM head); ``outside`` = pass - those is Python and torch around them.
@@ -80,10 +79,13 @@ def measure(model: Any, widths: list[int], context: int, reps: int) -> dict[tupl
         for t in widths:
             for path in PATHS if rep % 2 else PATHS[::-1]:
                 new = torch.randint(0, vocab, (1, t), generator=gen)
-                positions = cache.next_positions(t) if path == "general" else None
+                if path == "general":  # (the one-call pass declines: the general path runs)
+                    model._chain_natively = lambda *args: None
+                else:
+                    vars(model).pop("_chain_natively", None)
                 layers.seconds, head[0] = 0.0, 0.0
                 t0 = time.perf_counter()
-                model(new, positions, cache)
+                model(new, None, cache)
                 elapsed = time.perf_counter() - t0
                 cache.truncate([context])
                 if rep > 0:  # the first round warms up

@@ -356,14 +356,34 @@ class _Spy:
         return getattr(self.inner, name)
 
 
+def _general_path(m: Transformer, general: bool) -> None:
+    """Send ``m``'s passes down the general path (the one-call pass declines), or let them take it."""
+    if general:
+        m._chain_natively = lambda *args: None  # type: ignore[method-assign]
+    else:
+        vars(m).pop("_chain_natively", None)
+
+
+def _tree_step(num_new: list[int], t: int, gen: torch.Generator, cache: Any, slots: list[int]) -> tuple[Any, Any]:
+    """A random tree of ``num_new[b]`` nodes in each row (padding after): its mask ``[B, T, T]``
+    and its positions (length + depth), as the engine's tree verification builds them."""
+    parents = torch.full((len(num_new), t), -1, dtype=torch.long)
+    for b, n in enumerate(num_new):
+        for q in range(1, n):
+            parents[b, q] = int(torch.randint(0, q, (1,), generator=gen))
+    mask = tree_attention_mask(parents)  # [B, T, T]
+    lengths = cache.lengths.index_select(0, torch.tensor(slots))
+    return mask, lengths[:, None] + mask.sum(dim=2) - 1
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4-all", "mixed"])
-def test_a_chain_pass_in_one_native_call_equals_the_general_pass(precision: str) -> None:
-    """A chain pass (no positions, no mask: ``Layers.chain``, the embedding, every layer and the
-    LM head in one call, RoPE from its table) computes what the general path computes for the same
-    pass (its positions given, so it plans the step in Python): the same real rows' logits and
-    hidden states bit for bit, at every offset or at ``logits_at``; the same keys and values,
-    lengths, step starts and host bounds; for three rows of a batch in slots out of order, ragged
-    (one row with nothing new), over passes of 1 to 5 tokens; then a rollback to a step's prefix
+def test_a_pass_in_one_native_call_equals_the_general_pass(precision: str) -> None:
+    """A pass in one call (``Layers.chain``: the embedding, every layer and the LM head, RoPE from
+    its table; chains, and trees verified in one pass) computes what the general path computes for
+    the same pass (the step planned in Python and torch): the same real rows' logits and hidden
+    states bit for bit, at every offset or at ``logits_at``; the same keys and values, lengths, step
+    starts and host bounds; for three rows of a batch in slots out of order, ragged (one row with
+    nothing new), over chains and trees of 1 to 5 tokens; then a rollback to a step's prefix
     behaves alike on both."""
     m = model(precision)
     m._native_layers = spy = _Spy(m._native_layers)
@@ -374,20 +394,25 @@ def test_a_chain_pass_in_one_native_call_equals_the_general_pass(precision: str)
             cache.add_sequence()
     slots = [3, 0, 2]
     for native, cache in zip((True, False), caches, strict=True):
-        positions = None if native else cache.next_positions(9, slots)
-        m(torch.tensor([PROMPTS[0] + [1], PROMPTS[3] + [0, 0], PROMPTS[2][:9]]), positions, cache, slots=slots,
+        _general_path(m, not native)
+        m(torch.tensor([PROMPTS[0] + [1], PROMPTS[3] + [0, 0], PROMPTS[2][:9]]), None, cache, slots=slots,
           num_new=[9, 7, 9])  # fmt: skip
     assert spy.chains == 1
-    for step in range(8):
+    for step in range(12):
         t = 1 + step % 5
         new = torch.randint(0, VOCAB, (3, t), generator=gen)
         num_new = [t, max(1, t - 1), max(0, t - 3)]
         at = None if step % 2 == 0 else torch.randint(0, t, (3, 2), generator=gen)
-        outs = [
-            m.forward_with_hidden(new, None if native else cache.next_positions(t, slots), cache, slots=slots,
-                                  num_new=num_new, logits_at=at)
-            for native, cache in zip((True, False), caches, strict=True)
-        ]  # fmt: skip
+        tree = step >= 6
+        if tree:
+            mask, positions = _tree_step(num_new, t, gen, caches[0], slots)
+        outs = []
+        for native, cache in zip((True, False), caches, strict=True):
+            _general_path(m, not native)
+            extra: dict[str, Any] = {"attn_mask": mask} if tree else {}
+            outs.append(m.forward_with_hidden(new, positions if tree else None, cache, slots=slots, num_new=num_new,
+                                              logits_at=at, **extra))  # fmt: skip
+        _general_path(m, False)
         real = torch.tensor([[q < n for q in range(t)] for n in num_new])  # [3, T]
         seen = real if at is None else real.gather(1, at)  # rows whose logits are real
         assert torch.equal(outs[0].hidden[real], outs[1].hidden[real]), step
@@ -398,7 +423,7 @@ def test_a_chain_pass_in_one_native_call_equals_the_general_pass(precision: str)
         for s in slots:
             n = int(a.lengths[s])
             assert torch.equal(a.k[:, s, :, :n], b.k[:, s, :, :n]) and torch.equal(a.v[:, s, :, :n], b.v[:, s, :, :n])
-    assert spy.chains == 9
+    assert spy.chains == 13
     for cache in caches:
         cache.keep_step_prefix([1, 1, 0], slots)
     assert torch.equal(caches[0].lengths, caches[1].lengths)
@@ -408,7 +433,8 @@ def test_a_chain_pass_in_one_call_refuses_what_the_general_pass_refuses() -> Non
     """Where the host bounds say the tokens might not fit, the general path looks at the truth
     and raises; a token outside the vocabulary is an IndexError on both paths, bad counts an
     InputError; nothing of a refused native pass is committed, host bounds included. The native
-    call's own checks: RoPE's tables, logits_at, distinct slots, room in the cache."""
+    call's own checks: RoPE's tables, logits_at, distinct slots, room in the cache, positions,
+    the step's mask."""
     m = model("int8")
     m._native_layers = spy = _Spy(m._native_layers)
     cache = m.new_cache(1, 16)
@@ -437,6 +463,11 @@ def test_a_chain_pass_in_one_call_refuses_what_the_general_pass_refuses() -> Non
                   "bounds": torch.tensor([4, 4])}, cos=cos, sin=sin)  # fmt: skip
     with pytest.raises(RuntimeError, match="cannot hold"):
         ops.chain(torch.tensor([[5]]), **{**args, "bounds": torch.tensor([16])}, cos=cos, sin=sin)
+    with pytest.raises(RuntimeError, match="outside RoPE"):
+        ops.chain(torch.tensor([[5]]), **args, cos=cos, sin=sin, positions=torch.tensor([[cos.shape[0]]]))
+    with pytest.raises(RuntimeError, match="within must be"):
+        ops.chain(torch.tensor([[5]]), **args, cos=cos, sin=sin, within=torch.ones((1, 1, 2), dtype=torch.bool))
     assert int(cache.lengths[0]) == 4
+    _general_path(m, True)
     with pytest.raises(IndexError):  # (the general path's refusal)
-        m(torch.tensor([[1, VOCAB]]), cache.next_positions(2), cache)
+        m(torch.tensor([[1, VOCAB]]), None, cache)

@@ -26,9 +26,10 @@ are written to the cache's scratch column. New keys/values are appended in place
 :class:`~verispec.models.kv_cache.KVCache` before attention, which then reads positions
 ``[0, span)`` of the buffers under a mask built once per step and shared by all layers (as in
 gpt-fast). The forward pass never synchronises with the device. On verispec's CPU kernels a
-chain pass (no positions, no mask, not a prompt's chunk: plain decoding, chain verification, a
-draft model's passes) is one native call, step plan and LM head included, with RoPE's rows looked
-up in a table of every position (:meth:`Transformer._chain_natively`).
+pass that is not a prompt's chunk and has no window of cached levels (plain decoding, chain and
+tree verification, a draft model's chain passes) is one native call, step plan and LM head
+included, with RoPE's rows looked up in a table of every position
+(:meth:`Transformer._chain_natively`).
 
 Weights are a plain module tree with Hugging Face names (``model.layers.N.self_attn.q_proj.weight``,
 ...), so a transformers state dict loads as is. The model holds no per-request state: everything a
@@ -557,8 +558,8 @@ class Transformer(nn.Module):
             )
         if logits_at is not None and (logits_at.dim() != 2 or logits_at.shape[0] != b):
             raise InputError(f"logits_at must be [B, N] int64 with B={b}, got {tuple(logits_at.shape)}")
-        if positions is None and attn_mask is None and not prefill and not isinstance(num_new, Tensor):
-            native = self._chain_natively(tokens, cache, num_new, slots, logits_at)
+        if not prefill and not isinstance(num_new, Tensor) and (attn_mask is None or attn_mask.shape[2] == t):
+            native = self._chain_natively(tokens, positions, attn_mask, cache, num_new, slots, logits_at)
             if native is not None:
                 return native
         with torch.inference_mode():
@@ -596,22 +597,29 @@ class Transformer(nn.Module):
     def _chain_natively(
         self,
         tokens: Tensor,
+        positions: Tensor | None,
+        attn_mask: Tensor | None,
         cache: KVCache,
         num_new: Sequence[int] | None,
         slots: Sequence[int] | None,
         logits_at: Tensor | None,
     ) -> ForwardOutput | None:
-        """:meth:`forward_with_hidden`'s chain pass (no positions, no mask, not a prompt's chunk)
-        in one native call, ``Layers.chain`` (``csrc/bindings.cpp``: the embedding, the first
-        norm, every layer, the LM head and the logits' cast, with RoPE's rows from
+        """:meth:`forward_with_hidden`'s pass when it is not a prompt's chunk and its mask, if
+        any, is within the step (``W = T``: a chain, or a tree verified in one pass), in one
+        native call, ``Layers.chain`` (``csrc/bindings.cpp``: the embedding, the first norm,
+        every layer, the LM head and the logits' cast, with RoPE's rows from
         :meth:`RotaryEmbedding.table`, and the cache's lengths updated as ``begin_step`` /
-        ``end_step`` update them): the same pass, bit for bit, without ~0.6 ms of Python and torch
-        calls around the layers. None where it does not run (:meth:`can_draft`'s conditions), or
-        where the cache's host bounds say the tokens might not fit: then the general path, which
-        looks at the truth."""
+        ``end_step`` update them): the same pass, bit for bit, without ~0.6-1 ms of Python and
+        torch calls around the layers. None where it does not run (:meth:`can_draft`'s
+        conditions, a position outside ``[0, max_len)``), or where the cache's host bounds say the
+        tokens might not fit: then the general path, which looks at the truth."""
         if not self.can_draft(cache):
             return None
         b, t = tokens.shape
+        if positions is not None:
+            positions = positions.to(torch.int64).contiguous()
+            if int(positions.min()) < 0 or int(positions.max()) >= cache.max_len:  # (RoPE's table: max_len rows)
+                return None
         host, rows = cache.resolve_slots(slots, b)
         counts = [t] * b if num_new is None else [int(n) for n in num_new]
         bounds = cache.native_step_bounds(host, counts, t)
@@ -626,7 +634,8 @@ class Transformer(nn.Module):
             h, logits = self._native_layers.chain(
                 tokens.to(torch.int64).contiguous(), torch.tensor(counts, dtype=torch.int64), rows, cache.lengths,
                 cache.step_start, torch.tensor(bounds, dtype=torch.int64), cache.k, cache.v,
-                self.model.embed_tokens.weight, first.input_layernorm.weight, cos, sin, head, logits_at,
+                self.model.embed_tokens.weight, first.input_layernorm.weight, cos, sin, head, logits_at, positions,
+                attn_mask,
             )  # fmt: skip
             cache.record_native_step(host, counts)
             if head is None:

@@ -747,14 +747,18 @@ struct PassBuffers {
   at::Tensor qkv, q_rot, k_rot, attn, o_out, gate_up, act, down_out, scratch;
 };
 
-// One chain pass of m rows of t new tokens each: KVCache.begin_step's plan for a pass of
-// Transformer.forward_with_hidden without positions or a mask. Row r's token q is token[r t + q],
-// real for q < real[r] (the rest padding: token 0, its keys to the cache's scratch column, its
-// query seeing position 0), at position start[r] + q of cache row slot[r] (RoPE's too); attention
-// reads span positions.
+// One pass of m rows of t new tokens each, appended in a chain of cache positions:
+// KVCache.begin_step's plan for a pass of Transformer.forward_with_hidden that is not a prompt's
+// chunk. Row r's token q is token[r t + q], real for q < real[r] (the rest padding: token 0, its
+// keys to the cache's scratch column, its query seeing position 0), its keys at start[r] + q of
+// cache row slot[r]; RoPE at that position too, or at position[r t + q] when given (a tree's
+// nodes: length + depth). A real query sees the cached positions before start[r] and, among the
+// pass's real tokens, those before it (causal), or those within[(r t + q) t + s] marks and itself
+// when within is given (a tree verified in one pass: its ancestors). Attention reads span positions.
 struct ChainPass {
   int64_t m = 0, t = 0, span = 0;
-  std::vector<int64_t> token, slot, real, start;
+  std::vector<int64_t> token, slot, real, start, position;
+  const bool* within = nullptr;
 };
 
 // What every chain pass of a model reads: the embedding [V, C] and the first layer's input norm
@@ -945,7 +949,9 @@ struct Layers {
                                            at::Tensor& lengths, at::Tensor& step_start, const at::Tensor& bounds,
                                            at::Tensor& kc, at::Tensor& vc, const at::Tensor& embed,
                                            const at::Tensor& first_norm, const at::Tensor& cos, const at::Tensor& sin,
-                                           const Projection* head, const c10::optional<at::Tensor>& logits_at) const;
+                                           const Projection* head, const c10::optional<at::Tensor>& logits_at,
+                                           const c10::optional<at::Tensor>& positions,
+                                           const c10::optional<at::Tensor>& within) const;
 
   // The drafting loop (defined below the picks).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> draft(
@@ -1089,37 +1095,50 @@ at::Tensor Layers::chain_pass(const ChainPass& p, const ChainInputs& in, at::Ten
   for (int64_t r = 0; r < m; ++r) {
     rows.data_ptr<int64_t>()[r] = p.slot[r];
     for (int64_t q = 0; q < t; ++q) {
-      const int64_t row = r * t + q, position = std::min(p.start[r] + q, in.positions - 1);  // (padding's: unread)
+      const int64_t row = r * t + q, given = p.position.empty() ? p.start[r] + q : p.position[row];
+      const int64_t position = std::clamp<int64_t>(given, 0, in.positions - 1);  // (padding's: unread)
       std::memcpy(bf16_pointer_mut(h) + row * c, in.embed + p.token[row] * c, 2 * c);
       std::memcpy(bf16_pointer_mut(cs) + row * d, in.cos + position * d, 2 * d);
       std::memcpy(bf16_pointer_mut(sn) + row * d, in.sin + position * d, 2 * d);
       wp[row] = q < p.real[r] ? p.start[r] + q : max_len;
     }
   }
-  at::Tensor visible = at::empty({m, t, p.span}, at::kBool);  // causal; a padding query sees position 0
+  at::Tensor visible = at::empty({m, t, p.span}, at::kBool);  // a padding query sees position 0
   bool* vis = visible.data_ptr<bool>();
-  for (int64_t row = 0; row < m * t; ++row)
-    for (int64_t j = 0; j < p.span; ++j) vis[row * p.span + j] = wp[row] == max_len ? j == 0 : j <= wp[row];
+  for (int64_t row = 0; row < m * t; ++row) {
+    const int64_t r = row / t, q = row % t, start = p.start[r];
+    const bool* seen = p.within ? p.within + row * t : nullptr;  // [T]: whom query q sees in the pass
+    for (int64_t j = 0; j < p.span; ++j) {
+      const int64_t s = j - start;  // (the pass's token s)
+      vis[row * p.span + j] = wp[row] == max_len ? j == 0
+                              : !seen             ? j <= wp[row]
+                                                  : s < 0 || (s < p.real[r] && (s == q || seen[s]));
+    }
+  }
   rms_norm_at(bf16_pointer_mut(h), nullptr, in.first_norm, bf16_pointer_mut(x), m * t, c, eps);
   return forward(h, x, cs, sn, kc, vc, rows, write_pos, p.span, visible, false);  // [m t, C]
 }
 
-// A chain pass in one call: Transformer.forward_with_hidden with no positions, no mask, not a
-// prompt's chunk, without its ~0.6 ms of Python and torch calls around the layers. Row b appends
-// tokens[b, :counts[b]] to cache row slots[b] at its length (lengths[slots[b]]; the rest of the row
-// is padding, as KVCache pads it), then the head at the offsets logits_at [B, N] (None: every
-// offset), widened to fp32; last, step_start[slot] = that length and lengths[slot] += count
-// (KVCache.begin_step's and end_step's updates; nothing changes when a check fails).
+// A pass in one call (ChainPass): Transformer.forward_with_hidden when it is not a prompt's chunk
+// and its mask, if any, is within the step (a chain, or a tree verified in one pass), without its
+// ~0.6-1 ms of Python and torch calls around the layers. Row b appends tokens[b, :counts[b]] to
+// cache row slots[b] at its length (lengths[slots[b]]; the rest of the row is padding, as KVCache
+// pads it), then the head at the offsets logits_at [B, N] (None: every offset), widened to fp32;
+// last, step_start[slot] = that length and lengths[slot] += count (KVCache.begin_step's and
+// end_step's updates; nothing changes when a check fails).
 //   tokens [B, T] int64, counts [B] in [0, T]; slots [B] distinct; lengths, step_start [S] int64;
 //   bounds [B]: the host's bounds of the rows' lengths (they set the span as KVCache.begin_step
-//   does); embed, first_norm, cos, sin: chain_inputs; head (or None).
+//   does); embed, first_norm, cos, sin: chain_inputs; head (or None); positions [B, T] int64 (or
+//   None: length + offset), within [B, T, T] bool (or None: causal), as ChainPass reads them.
 // -> (the final norm [B, T, C] bf16, logits [B, N, V] fp32: [0] without a head).
 std::tuple<at::Tensor, at::Tensor> Layers::chain(const at::Tensor& tokens, const at::Tensor& counts,
                                                  const at::Tensor& slots, at::Tensor& lengths, at::Tensor& step_start,
                                                  const at::Tensor& bounds, at::Tensor& kc, at::Tensor& vc,
                                                  const at::Tensor& embed, const at::Tensor& first_norm,
                                                  const at::Tensor& cos, const at::Tensor& sin, const Projection* head,
-                                                 const c10::optional<at::Tensor>& logits_at) const {
+                                                 const c10::optional<at::Tensor>& logits_at,
+                                                 const c10::optional<at::Tensor>& positions,
+                                                 const c10::optional<at::Tensor>& within) const {
   const ChainInputs in = chain_inputs(embed, first_norm, cos, sin, hidden, head_dim, kc);
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) >= 1 && tokens.size(1) >= 1, "tokens must be [B, T], B, T >= 1");
   const int64_t b = tokens.size(0), t = tokens.size(1), max_len = kc.size(3) - 1;
@@ -1133,7 +1152,25 @@ std::tuple<at::Tensor, at::Tensor> Layers::chain(const at::Tensor& tokens, const
   const int64_t *tok = tokens.data_ptr<int64_t>(), *count = counts.data_ptr<int64_t>();
   const int64_t *slot = slots.data_ptr<int64_t>(), *bound = bounds.data_ptr<int64_t>();
   int64_t* len = lengths.data_ptr<int64_t>();
-  ChainPass p{b, t, 0, std::vector<int64_t>(b * t, 0), {}, {}, {}};
+  ChainPass p{b, t, 0, std::vector<int64_t>(b * t, 0), {}, {}, {}, {}};
+  at::Tensor within_c;
+  if (within) {
+    within_c = within->contiguous();
+    TORCH_CHECK(within_c.scalar_type() == at::kBool && within_c.dim() == 3 && within_c.size(0) == b &&
+                    within_c.size(1) == t && within_c.size(2) == t,
+                "within must be [B, T, T] bool");
+    p.within = within_c.data_ptr<bool>();
+  }
+  const int64_t* pos = nullptr;
+  at::Tensor positions_c;
+  if (positions) {
+    positions_c = positions->contiguous();
+    TORCH_CHECK(positions_c.scalar_type() == at::kLong && positions_c.dim() == 2 && positions_c.size(0) == b &&
+                    positions_c.size(1) == t,
+                "positions must be [B, T] int64");
+    pos = positions_c.data_ptr<int64_t>();
+    p.position.assign(pos, pos + b * t);
+  }
   for (int64_t r = 0; r < b; ++r) {
     TORCH_CHECK(slot[r] >= 0 && slot[r] < lengths.numel() && slot[r] < kc.size(1), "cache row out of range");
     for (int64_t o = 0; o < r; ++o) TORCH_CHECK(slot[o] != slot[r], "slots must be distinct");
@@ -1143,6 +1180,8 @@ std::tuple<at::Tensor, at::Tensor> Layers::chain(const at::Tensor& tokens, const
     for (int64_t q = 0; q < count[r]; ++q) {
       const int64_t id = tok[r * t + q];
       TORCH_CHECK_INDEX(id >= 0 && id < in.vocab, "token ", id, " is outside the embedding of ", in.vocab);
+      TORCH_CHECK(!pos || (pos[r * t + q] >= 0 && pos[r * t + q] < in.positions), "position ", pos ? pos[r * t + q] : 0,
+                  " is outside RoPE's tables of ", in.positions);
       p.token[r * t + q] = id;
     }
     p.slot.push_back(slot[r]);
@@ -1355,7 +1394,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Layers::draft(
     std::vector<PickResult> picks(m);
     {
       py::gil_scoped_release no_gil;  // (a server's event loop runs meanwhile; only keep needs Python)
-      ChainPass p{m, t, 0, std::vector<int64_t>(m * t, 0), {}, {}, {}};
+      ChainPass p{m, t, 0, std::vector<int64_t>(m * t, 0), {}, {}, {}, {}};
       for (int64_t r = 0; r < m; ++r) {
         const int64_t a = active[r], first = i == 0 ? 0 : count[a] + i - 1;  // the pass's first offset
         p.slot.push_back(slot[a]);
@@ -1517,11 +1556,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            no_gil)
       .def("chain", &verispec::Layers::chain,
            "tokens [B, T], counts [B], slots [B], lengths, step_start, bounds [B], k_cache, v_cache, embed, "
-           "first_norm, cos [P, D], sin [P, D], head, logits_at -> (the final norm [B, T, C], logits [B, N, V] fp32): "
-           "a chain pass in one call (lengths and step_start updated as KVCache.begin_step / end_step do)",
+           "first_norm, cos [P, D], sin [P, D], head, logits_at, positions [B, T], within [B, T, T] -> (the final "
+           "norm [B, T, C], logits [B, N, V] fp32): a pass in one call, a chain or a tree (lengths and step_start "
+           "updated as KVCache.begin_step / end_step do)",
            py::arg("tokens"), py::arg("counts"), py::arg("slots"), py::arg("lengths"), py::arg("step_start"),
            py::arg("bounds"), py::arg("k_cache"), py::arg("v_cache"), py::arg("embed"), py::arg("first_norm"),
-           py::arg("cos"), py::arg("sin"), py::arg("head"), py::arg("logits_at") = py::none(), no_gil)
+           py::arg("cos"), py::arg("sin"), py::arg("head"), py::arg("logits_at") = py::none(),
+           py::arg("positions") = py::none(), py::arg("within") = py::none(), no_gil)
       .def("draft", &verispec::Layers::draft,
            "tokens, counts, slots, lengths, bounds, k_cache, v_cache, limits, embed, first_norm, cos, sin, head, "
            "head_ids, more, more_ids, blocked, keep, rules, merge, draw -> (drafted [A, L], fed [A], laws [A, L, W]): "
