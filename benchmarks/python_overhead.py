@@ -15,7 +15,10 @@ Inside each pass it times the native calls that do the work (``Layers.chain``; o
 ``Layers.forward`` and the LM head); ``outside`` = pass - those is Python and torch around them.
 Medians over ``--reps`` passes per width.
 
-    python benchmarks/python_overhead.py [--widths 1,5] [--reps 60] [--context 128] [--threads 2]
+With ``--tree`` each pass is a tree of T nodes (binary, breadth-first) verified in one pass: its
+mask and positions (length + depth) given, as the engine's tree verification gives them.
+
+    python benchmarks/python_overhead.py [--widths 1,5] [--reps 60] [--context 128] [--threads 2] [--tree]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 
 from verispec.cli.doctor import machine_line
 from verispec.formats.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
+from verispec.models.transformer import tree_attention_mask
 
 
 class Timed:
@@ -63,7 +67,14 @@ PATHS = ("native", "general")
 
 
 @torch.inference_mode()
-def measure(model: Any, widths: list[int], context: int, reps: int) -> dict[tuple[int, str], dict[str, float]]:
+def tree_of(t: int) -> torch.Tensor:
+    """The mask ``[1, T, T]`` of a binary tree of ``t`` nodes in breadth-first order."""
+    return tree_attention_mask(torch.tensor([[-1] + [(q - 1) // 2 for q in range(1, t)]]))
+
+
+def measure(
+    model: Any, widths: list[int], context: int, reps: int, tree: bool
+) -> dict[tuple[int, str], dict[str, float]]:
     if getattr(model, "_native_layers", None) is None or model.lm_head is None:
         raise SystemExit("this model does not run on the one-call native path (CPU kernels, bf16 cache)")
     layers = model._native_layers = Timed(model._native_layers)
@@ -79,13 +90,17 @@ def measure(model: Any, widths: list[int], context: int, reps: int) -> dict[tupl
         for t in widths:
             for path in PATHS if rep % 2 else PATHS[::-1]:
                 new = torch.randint(0, vocab, (1, t), generator=gen)
+                mask = positions = None
+                if tree:  # (its mask and positions, length + depth, as the engine builds them)
+                    mask = tree_of(t)
+                    positions = cache.lengths[:1, None] + mask.sum(dim=2) - 1
                 if path == "general":  # (the one-call pass declines: the general path runs)
                     model._chain_natively = lambda *args: None
                 else:
                     vars(model).pop("_chain_natively", None)
                 layers.seconds, head[0] = 0.0, 0.0
                 t0 = time.perf_counter()
-                model(new, None, cache)
+                model(new, positions, cache, attn_mask=mask)
                 elapsed = time.perf_counter() - t0
                 cache.truncate([context])
                 if rep > 0:  # the first round warms up
@@ -106,15 +121,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--target-dtype", default="int4")
     ap.add_argument("--draft-dtype", default="int4-all")
+    ap.add_argument("--tree", action="store_true", help="each pass a tree (binary, breadth-first) verified in one pass")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     widths = [int(w) for w in args.widths.split(",") if w]
-    print(f"### Python outside the native calls: {machine_line()}, {args.context} cached tokens, "
+    shape = "trees verified in one pass" if args.tree else "chains"
+    print(f"### Python outside the native calls, {shape}: {machine_line()}, {args.context} cached tokens, "
           f"median of {args.reps} passes")  # fmt: skip
     print("| model | T | path | pass ms | in native calls ms | outside ms |\n|---|---|---|---|---|---|")
     for name, dtype in ((DEFAULT_TARGET, args.target_dtype), (DEFAULT_DRAFT, args.draft_dtype)):
         model = load_model(name, dtype=dtype).model
-        for (t, path), m in measure(model, widths, args.context, args.reps).items():
+        for (t, path), m in measure(model, widths, args.context, args.reps, args.tree).items():
             print(f"| {name} {dtype} | {t} | {path} | {m['pass']:.2f} | {m['native']:.2f} | **{m['outside']:.2f}** |")
 
 
