@@ -429,6 +429,20 @@ def test_a_pass_in_one_native_call_equals_the_general_pass(precision: str) -> No
     assert torch.equal(caches[0].lengths, caches[1].lengths)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "int4-all"])
+def test_a_tree_grown_level_by_level_in_one_native_call_a_level_equals_the_general_path(precision: str) -> None:
+    """A tree drafter's levels (each under a window over the earlier, cached levels: ``W > T``)
+    in one call a level give every node the general path's logits, bit for bit."""
+    m = model(precision)
+    m._native_layers = spy = _Spy(m._native_layers)
+    parents, nodes = [-1, -1, 0, 0, 1, 2, 2, 4, 5], [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    native = feed_tree_by_levels(m, parents, nodes, PROMPTS[0])
+    assert spy.chains == 5  # the prompt and four levels
+    _general_path(m, True)
+    assert torch.equal(native, feed_tree_by_levels(m, parents, nodes, PROMPTS[0]))
+    assert spy.chains == 5
+
+
 def test_a_chain_pass_in_one_call_refuses_what_the_general_pass_refuses() -> None:
     """Where the host bounds say the tokens might not fit, the general path looks at the truth
     and raises; a token outside the vocabulary is an IndexError on both paths, bad counts an
@@ -466,7 +480,7 @@ def test_a_chain_pass_in_one_call_refuses_what_the_general_pass_refuses() -> Non
     with pytest.raises(RuntimeError, match="outside RoPE"):
         ops.chain(torch.tensor([[5]]), **args, cos=cos, sin=sin, positions=torch.tensor([[cos.shape[0]]]))
     with pytest.raises(RuntimeError, match="within must be"):
-        ops.chain(torch.tensor([[5]]), **args, cos=cos, sin=sin, within=torch.ones((1, 1, 2), dtype=torch.bool))
+        ops.chain(torch.tensor([[5]]), **args, cos=cos, sin=sin, within=torch.ones((1, 2, 1), dtype=torch.bool))
     assert int(cache.lengths[0]) == 4
     _general_path(m, True)
     with pytest.raises(IndexError):  # (the general path's refusal)

@@ -26,8 +26,8 @@ are written to the cache's scratch column. New keys/values are appended in place
 :class:`~verispec.models.kv_cache.KVCache` before attention, which then reads positions
 ``[0, span)`` of the buffers under a mask built once per step and shared by all layers (as in
 gpt-fast). The forward pass never synchronises with the device. On verispec's CPU kernels a
-pass that is not a prompt's chunk and has no window of cached levels (plain decoding, chain and
-tree verification, a draft model's chain passes) is one native call, step plan and LM head
+pass that is not a prompt's chunk (plain decoding, chain and tree verification, a draft model's
+passes) is one native call, step plan and LM head
 included, with RoPE's rows looked up in a table of every position
 (:meth:`Transformer._chain_natively`).
 
@@ -558,7 +558,7 @@ class Transformer(nn.Module):
             )
         if logits_at is not None and (logits_at.dim() != 2 or logits_at.shape[0] != b):
             raise InputError(f"logits_at must be [B, N] int64 with B={b}, got {tuple(logits_at.shape)}")
-        if not prefill and not isinstance(num_new, Tensor) and (attn_mask is None or attn_mask.shape[2] == t):
+        if not prefill and not isinstance(num_new, Tensor):
             native = self._chain_natively(tokens, positions, attn_mask, cache, num_new, slots, logits_at)
             if native is not None:
                 return native
@@ -604,15 +604,15 @@ class Transformer(nn.Module):
         slots: Sequence[int] | None,
         logits_at: Tensor | None,
     ) -> ForwardOutput | None:
-        """:meth:`forward_with_hidden`'s pass when it is not a prompt's chunk and its mask, if
-        any, is within the step (``W = T``: a chain, or a tree verified in one pass), in one
-        native call, ``Layers.chain`` (``csrc/bindings.cpp``: the embedding, the first norm,
-        every layer, the LM head and the logits' cast, with RoPE's rows from
-        :meth:`RotaryEmbedding.table`, and the cache's lengths updated as ``begin_step`` /
-        ``end_step`` update them): the same pass, bit for bit, without ~0.6-1 ms of Python and
-        torch calls around the layers. None where it does not run (:meth:`can_draft`'s
-        conditions, a position outside ``[0, max_len)``), or where the cache's host bounds say the
-        tokens might not fit: then the general path, which looks at the truth."""
+        """:meth:`forward_with_hidden`'s pass when it is not a prompt's chunk (a chain, a tree
+        verified in one pass or grown level by level) in one native call, ``Layers.chain``
+        (``csrc/bindings.cpp``: the embedding, the first norm, every layer, the LM head and the
+        logits' cast, with RoPE's rows from :meth:`RotaryEmbedding.table`, and the cache's
+        lengths updated as ``begin_step`` / ``end_step`` update them): the same pass, bit for
+        bit, without ~0.6-1 ms of Python and torch calls around the layers. None where it does
+        not run (:meth:`can_draft`'s conditions, a position outside ``[0, max_len)``), or where
+        the cache's host bounds say the tokens might not fit: then the general path, which looks
+        at the truth."""
         if not self.can_draft(cache):
             return None
         b, t = tokens.shape

@@ -753,10 +753,12 @@ struct PassBuffers {
 // keys to the cache's scratch column, its query seeing position 0), its keys at start[r] + q of
 // cache row slot[r]; RoPE at that position too, or at position[r t + q] when given (a tree's
 // nodes: length + depth). A real query sees the cached positions before start[r] and, among the
-// pass's real tokens, those before it (causal), or those within[(r t + q) t + s] marks and itself
-// when within is given (a tree verified in one pass: its ancestors). Attention reads span positions.
+// pass's real tokens, those before it (causal); or, when within is given ([W] a query: a window
+// of the last W - T cached positions and the pass's T tokens), every position before the window,
+// itself, and what within[(r t + q) W + s] marks among the window's positions and the pass's
+// real tokens (a tree: its ancestors, earlier levels cached). Attention reads span positions.
 struct ChainPass {
-  int64_t m = 0, t = 0, span = 0;
+  int64_t m = 0, t = 0, span = 0, width = 0;
   std::vector<int64_t> token, slot, real, start, position;
   const bool* within = nullptr;
 };
@@ -1106,13 +1108,13 @@ at::Tensor Layers::chain_pass(const ChainPass& p, const ChainInputs& in, at::Ten
   at::Tensor visible = at::empty({m, t, p.span}, at::kBool);  // a padding query sees position 0
   bool* vis = visible.data_ptr<bool>();
   for (int64_t row = 0; row < m * t; ++row) {
-    const int64_t r = row / t, q = row % t, start = p.start[r];
-    const bool* seen = p.within ? p.within + row * t : nullptr;  // [T]: whom query q sees in the pass
+    const int64_t r = row / t, q = row % t, cached = p.width - t, first = p.start[r] - cached;
+    const bool* seen = p.within ? p.within + row * p.width : nullptr;  // [W]: what query q sees in the window
     for (int64_t j = 0; j < p.span; ++j) {
-      const int64_t s = j - start;  // (the pass's token s)
+      const int64_t s = j - first;  // (position s of the window)
       vis[row * p.span + j] = wp[row] == max_len ? j == 0
                               : !seen             ? j <= wp[row]
-                                                  : s < 0 || (s < p.real[r] && (s == q || seen[s]));
+                                                  : s < 0 || (s < cached + p.real[r] && (s == cached + q || seen[s]));
     }
   }
   rms_norm_at(bf16_pointer_mut(h), nullptr, in.first_norm, bf16_pointer_mut(x), m * t, c, eps);
@@ -1120,8 +1122,8 @@ at::Tensor Layers::chain_pass(const ChainPass& p, const ChainInputs& in, at::Ten
 }
 
 // A pass in one call (ChainPass): Transformer.forward_with_hidden when it is not a prompt's chunk
-// and its mask, if any, is within the step (a chain, or a tree verified in one pass), without its
-// ~0.6-1 ms of Python and torch calls around the layers. Row b appends tokens[b, :counts[b]] to
+// (a chain, a tree verified in one pass or grown level by level), without its ~0.6-1 ms of Python
+// and torch calls around the layers. Row b appends tokens[b, :counts[b]] to
 // cache row slots[b] at its length (lengths[slots[b]]; the rest of the row is padding, as KVCache
 // pads it), then the head at the offsets logits_at [B, N] (None: every offset), widened to fp32;
 // last, step_start[slot] = that length and lengths[slot] += count (KVCache.begin_step's and
@@ -1129,7 +1131,7 @@ at::Tensor Layers::chain_pass(const ChainPass& p, const ChainInputs& in, at::Ten
 //   tokens [B, T] int64, counts [B] in [0, T]; slots [B] distinct; lengths, step_start [S] int64;
 //   bounds [B]: the host's bounds of the rows' lengths (they set the span as KVCache.begin_step
 //   does); embed, first_norm, cos, sin: chain_inputs; head (or None); positions [B, T] int64 (or
-//   None: length + offset), within [B, T, T] bool (or None: causal), as ChainPass reads them.
+//   None: length + offset), within [B, T, W] bool (or None: causal), as ChainPass reads them.
 // -> (the final norm [B, T, C] bf16, logits [B, N, V] fp32: [0] without a head).
 std::tuple<at::Tensor, at::Tensor> Layers::chain(const at::Tensor& tokens, const at::Tensor& counts,
                                                  const at::Tensor& slots, at::Tensor& lengths, at::Tensor& step_start,
@@ -1152,14 +1154,15 @@ std::tuple<at::Tensor, at::Tensor> Layers::chain(const at::Tensor& tokens, const
   const int64_t *tok = tokens.data_ptr<int64_t>(), *count = counts.data_ptr<int64_t>();
   const int64_t *slot = slots.data_ptr<int64_t>(), *bound = bounds.data_ptr<int64_t>();
   int64_t* len = lengths.data_ptr<int64_t>();
-  ChainPass p{b, t, 0, std::vector<int64_t>(b * t, 0), {}, {}, {}, {}};
+  ChainPass p{b, t, 0, t, std::vector<int64_t>(b * t, 0), {}, {}, {}, {}};
   at::Tensor within_c;
   if (within) {
     within_c = within->contiguous();
     TORCH_CHECK(within_c.scalar_type() == at::kBool && within_c.dim() == 3 && within_c.size(0) == b &&
-                    within_c.size(1) == t && within_c.size(2) == t,
-                "within must be [B, T, T] bool");
+                    within_c.size(1) == t && within_c.size(2) >= t,
+                "within must be [B, T, W] bool, W >= T");
     p.within = within_c.data_ptr<bool>();
+    p.width = within_c.size(2);
   }
   const int64_t* pos = nullptr;
   at::Tensor positions_c;
@@ -1394,7 +1397,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Layers::draft(
     std::vector<PickResult> picks(m);
     {
       py::gil_scoped_release no_gil;  // (a server's event loop runs meanwhile; only keep needs Python)
-      ChainPass p{m, t, 0, std::vector<int64_t>(m * t, 0), {}, {}, {}, {}};
+      ChainPass p{m, t, 0, t, std::vector<int64_t>(m * t, 0), {}, {}, {}, {}};
       for (int64_t r = 0; r < m; ++r) {
         const int64_t a = active[r], first = i == 0 ? 0 : count[a] + i - 1;  // the pass's first offset
         p.slot.push_back(slot[a]);
@@ -1556,7 +1559,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            no_gil)
       .def("chain", &verispec::Layers::chain,
            "tokens [B, T], counts [B], slots [B], lengths, step_start, bounds [B], k_cache, v_cache, embed, "
-           "first_norm, cos [P, D], sin [P, D], head, logits_at, positions [B, T], within [B, T, T] -> (the final "
+           "first_norm, cos [P, D], sin [P, D], head, logits_at, positions [B, T], within [B, T, W] -> (the final "
            "norm [B, T, C], logits [B, N, V] fp32): a pass in one call, a chain or a tree (lengths and step_start "
            "updated as KVCache.begin_step / end_step do)",
            py::arg("tokens"), py::arg("counts"), py::arg("slots"), py::arg("lengths"), py::arg("step_start"),
