@@ -763,7 +763,7 @@ struct ChainPass {
   const bool* within = nullptr;
 };
 
-// What every chain pass of a model reads: the embedding [V, C] and the first layer's input norm
+// What every pass of a model in one call reads: the embedding [V, C] and the first layer's input norm
 // [C], bf16; RoPE's cos and sin [P, D] bf16 of positions 0 .. P - 1 (P at least the cache's
 // positions, padding's included), checked by chain_inputs.
 struct ChainInputs {
@@ -943,10 +943,10 @@ struct Layers {
     return out;
   }
 
-  // One chain pass (below): the embedding, the first norm and every layer, its inputs built here.
+  // One pass (ChainPass, below): the embedding, the first norm and every layer, its inputs built here.
   at::Tensor chain_pass(const ChainPass& p, const ChainInputs& in, at::Tensor& kc, at::Tensor& vc) const;
 
-  // A chain pass of Transformer.forward_with_hidden in one call (defined below).
+  // A pass of Transformer.forward_with_hidden in one call, a chain or a tree (defined below).
   std::tuple<at::Tensor, at::Tensor> chain(const at::Tensor& tokens, const at::Tensor& counts, const at::Tensor& slots,
                                            at::Tensor& lengths, at::Tensor& step_start, const at::Tensor& bounds,
                                            at::Tensor& kc, at::Tensor& vc, const at::Tensor& embed,
@@ -1064,7 +1064,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sampled_pick(const at::Tensor& sc
 
 // ------------------------------------------------------------------------------------ chain passes
 
-// Checks what every chain pass reads (ChainInputs) for layers of hidden size c and head size d
+// Checks what every pass in one call reads (ChainInputs) for layers of hidden size c and head size d
 // over caches of kc's positions.
 ChainInputs chain_inputs(const at::Tensor& embed, const at::Tensor& first_norm, const at::Tensor& cos,
                          const at::Tensor& sin, int64_t c, int64_t d, const at::Tensor& kc) {
@@ -1085,7 +1085,7 @@ ChainInputs chain_inputs(const at::Tensor& embed, const at::Tensor& first_norm, 
 }
 
 // The pass's inputs built row by row (the embedding's rows, RoPE's rows at each token's position,
-// where its keys go, the causal visibility), then the first norm and every layer (forward) -> the
+// where its keys go, what each query sees), then the first norm and every layer (forward) -> the
 // final norm [m t, C]: the same operations, in the same order, as Transformer.forward_with_hidden's
 // pass on the kernels.
 at::Tensor Layers::chain_pass(const ChainPass& p, const ChainInputs& in, at::Tensor& kc, at::Tensor& vc) const {
