@@ -24,8 +24,9 @@ gigabytes of them.
 
 Drafting on verispec's kernels (no drafting row with a bias or penalty, a restricted head on the
 kernels: the machine defaults) runs a whole proposal in one native call
-(:meth:`~verispec.models.transformer.Transformer.draft`), without the ~0.8 ms of Python and torch
-calls each pass costs around its kernels (``benchmarks/draft_step.py --loop both``). Greedy: the
+(:meth:`~verispec.models.transformer.Transformer.draft`), without the ~0.6 ms of Python and torch
+calls (heads, laws, picks) each pass of the loop below costs around its kernels
+(``benchmarks/draft_step.py --loop both``). Greedy: the
 same passes and the same tokens as the loop below, picked by ``ops.greedy_pick`` (the mode, ties
 to the smallest id). Sampled: the same passes; each law by :func:`~verispec.sampling.build_laws`'s
 steps in the kernels' arithmetic (``ops.sampled_pick``: fp32 rounding apart, the loop's law), the

@@ -219,9 +219,7 @@ class KVCache:
             host_new = [t] * batch_size  # upper bound; the device tensor has the truth
             counts = num_new.to(device=self.device, dtype=torch.int64).reshape(batch_size)  # [B]
         else:
-            host_new = [int(n) for n in num_new]
-            if len(host_new) != batch_size or any(not 0 <= n <= t for n in host_new):
-                raise InputError(f"num_new must hold {batch_size} counts in [0, {t}], got {host_new}")
+            host_new = self._host_counts(num_new, batch_size, t)
             full = all(n == t for n in host_new)  # no padding: the plan of num_new = None (no mask to build)
             counts = None if full else torch.tensor(host_new, dtype=torch.int64).to(self.device)  # [B]
         if any(self._bound[s] + n > self.max_len for s, n in zip(host, host_new, strict=True)):
@@ -244,9 +242,7 @@ class KVCache:
             valid = None if counts is None else offsets < counts[:, None]  # [B, T] bool
             if valid is not None:
                 write_pos = torch.where(valid, write_pos, self.max_len)  # padding -> scratch column
-        for s, n in zip(host, host_new, strict=True):
-            self._start_bound[s] = self._bound[s]
-            self._bound[s] += n
+        self.note_step_bounds(host, host_new)
         span = min(self.max_len, self.length_bound(host))
         return StepPlan(
             rows=rows,
@@ -258,20 +254,32 @@ class KVCache:
             span=span,
         )
 
-    def native_step_bounds(self, host_slots: Sequence[int], counts: Sequence[int], num_tokens: int) -> list[int] | None:
-        """For a chain step that a native call plans itself (``Transformer``'s chain pass: it
-        updates ``lengths`` and ``step_start`` as :meth:`begin_step` and :meth:`end_step` do): the
-        host bounds of the slots' lengths, or None when they say ``counts[i]`` more tokens might
-        not fit slot ``host_slots[i]`` (then :meth:`begin_step` looks at the truth). Raises
-        :class:`InputError` for counts outside ``[0, num_tokens]``, as :meth:`begin_step`."""
-        if len(counts) != len(host_slots) or any(not 0 <= n <= num_tokens for n in counts):
-            raise InputError(f"num_new must hold {len(host_slots)} counts in [0, {num_tokens}], got {list(counts)}")
+    @staticmethod
+    def _host_counts(num_new: Sequence[int], batch_size: int, num_tokens: int) -> list[int]:
+        """``num_new`` as host ints, each in ``[0, num_tokens]`` (else :class:`InputError`)."""
+        counts = [int(n) for n in num_new]
+        if len(counts) != batch_size or any(not 0 <= n <= num_tokens for n in counts):
+            raise InputError(f"num_new must hold {batch_size} counts in [0, {num_tokens}], got {counts}")
+        return counts
+
+    def native_step_bounds(
+        self, host_slots: Sequence[int], num_new: Sequence[int] | None, num_tokens: int
+    ) -> tuple[list[int], list[int]] | None:
+        """For a step that a native call plans itself (``Transformer``'s pass in one call: it
+        updates ``lengths`` and ``step_start`` as :meth:`begin_step` and :meth:`end_step` do): each
+        row's count of new tokens (``num_new``, None: all ``num_tokens``; checked as
+        :meth:`begin_step` checks it) and the host bounds of the slots' lengths, or None when those
+        say the tokens might not fit (then :meth:`begin_step` looks at the truth)."""
+        counts = [num_tokens] * len(host_slots) if num_new is None else self._host_counts(
+            num_new, len(host_slots), num_tokens
+        )  # fmt: skip
         if any(self._bound[s] + n > self.max_len for s, n in zip(host_slots, counts, strict=True)):
             return None
-        return [self._bound[s] for s in host_slots]
+        return counts, [self._bound[s] for s in host_slots]
 
-    def record_native_step(self, host_slots: Sequence[int], counts: Sequence[int]) -> None:
-        """The host bounds after such a native step, as :meth:`begin_step` leaves them."""
+    def note_step_bounds(self, host_slots: Sequence[int], counts: Sequence[int]) -> None:
+        """The host bounds after a step of ``counts[i]`` new tokens in slot ``host_slots[i]``
+        (:meth:`begin_step`'s, or a native call's that planned the step itself)."""
         for s, n in zip(host_slots, counts, strict=True):
             self._start_bound[s] = self._bound[s]
             self._bound[s] += n

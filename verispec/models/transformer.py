@@ -27,9 +27,8 @@ are written to the cache's scratch column. New keys/values are appended in place
 ``[0, span)`` of the buffers under a mask built once per step and shared by all layers (as in
 gpt-fast). The forward pass never synchronises with the device. On verispec's CPU kernels a
 pass that is not a prompt's chunk (plain decoding, chain and tree verification, a draft model's
-passes) is one native call, step plan and LM head
-included, with RoPE's rows looked up in a table of every position
-(:meth:`Transformer._chain_natively`).
+passes) is one native call, step plan and LM head included, with RoPE's rows looked up in a table
+of every position (:meth:`Transformer._chain_natively`).
 
 Weights are a plain module tree with Hugging Face names (``model.layers.N.self_attn.q_proj.weight``,
 ...), so a transformers state dict loads as is. The model holds no per-request state: everything a
@@ -621,10 +620,10 @@ class Transformer(nn.Module):
             if int(positions.min()) < 0 or int(positions.max()) >= cache.max_len:  # (RoPE's table: max_len rows)
                 return None
         host, rows = cache.resolve_slots(slots, b)
-        counts = [t] * b if num_new is None else [int(n) for n in num_new]
-        bounds = cache.native_step_bounds(host, counts, t)
-        if bounds is None:
+        planned = cache.native_step_bounds(host, num_new, t)
+        if planned is None:
             return None
+        counts, bounds = planned
         cos, sin = self.rope.table(cache.max_len, self.dtype)  # [P, D] each
         first = self.model.layers[0]
         assert isinstance(first, DecoderLayer)
@@ -637,7 +636,7 @@ class Transformer(nn.Module):
                 self.model.embed_tokens.weight, first.input_layernorm.weight, cos, sin, head, logits_at, positions,
                 attn_mask,
             )  # fmt: skip
-            cache.record_native_step(host, counts)
+            cache.note_step_bounds(host, counts)
             if head is None:
                 logits = self._logits(h, logits_at)
         return ForwardOutput(logits=logits, hidden=h)

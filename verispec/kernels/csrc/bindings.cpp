@@ -1193,11 +1193,12 @@ std::tuple<at::Tensor, at::Tensor> Layers::chain(const at::Tensor& tokens, const
     p.span = std::max(p.span, std::min(max_len, bound[r] + count[r]));
   }
   const int64_t n = logits_at ? logits_at->size(1) : t;
+  at::Tensor offsets_c;  // [B, N]: logits_at's offsets
   if (logits_at) {
     TORCH_CHECK(logits_at->scalar_type() == at::kLong && logits_at->dim() == 2 && logits_at->size(0) == b,
                 "logits_at must be [B, N] int64");
-    const at::Tensor at_c = logits_at->contiguous();
-    const int64_t* offsets = at_c.data_ptr<int64_t>();
+    offsets_c = logits_at->contiguous();
+    const int64_t* offsets = offsets_c.data_ptr<int64_t>();
     for (int64_t i = 0; i < b * n; ++i)
       TORCH_CHECK_INDEX(offsets[i] >= 0 && offsets[i] < t, "logits_at's offsets must be in [0, ", t, ")");
   }
@@ -1207,12 +1208,11 @@ std::tuple<at::Tensor, at::Tensor> Layers::chain(const at::Tensor& tokens, const
     TORCH_CHECK(head->takes(hidden), "the head must take ", hidden, " inputs");
     at::Tensor picked = out;  // [B N, C]: the rows at logits_at
     if (logits_at) {
-      const at::Tensor offsets = logits_at->contiguous();
+      const int64_t* offsets = offsets_c.data_ptr<int64_t>();
       picked = at::empty({b * n, hidden}, in.bf16);
-      for (int64_t r = 0; r < b; ++r)
-        for (int64_t j = 0; j < n; ++j)
-          std::memcpy(bf16_pointer_mut(picked) + (r * n + j) * hidden,
-                      bf16_pointer(out) + (r * t + offsets.data_ptr<int64_t>()[r * n + j]) * hidden, 2 * hidden);
+      for (int64_t i = 0; i < b * n; ++i)  // (row i / n's offset i)
+        std::memcpy(bf16_pointer_mut(picked) + i * hidden, bf16_pointer(out) + ((i / n) * t + offsets[i]) * hidden,
+                    2 * hidden);
     }
     at::Tensor scores = at::empty({b * n, head->n}, in.bf16);  // [B N, V]
     if (b * n > 0) {

@@ -246,9 +246,7 @@ int64_t draw_column(const float* law, int64_t w, double u) {
       }
     return last;  // (the block's mass ran out by rounding: its last column of positive mass)
   }
-  for (int64_t j = w - 1; j >= 0; --j)  // (u * total rounded up to the total)
-    if (law[j] > 0.0f) return j;
-  return -1;
+  return -1;  // (no column of positive mass: u < 1 makes u * total < total in float64 otherwise)
 }
 
 }  // namespace verispec
